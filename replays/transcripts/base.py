@@ -1,0 +1,96 @@
+"""What a parsed transcript looks like, whichever tool wrote it.
+
+Plain dataclasses, no ORM: the importer (replays/importing.py) turns these into
+Thread and Turn rows. Token counts are normalised so that every kind is
+disjoint: ``input_tokens`` never includes cached reads (Codex reports input
+including cached tokens; the Codex parser subtracts them).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from datetime import datetime
+
+
+class TranscriptError(Exception):
+    """The file as a whole cannot be imported (not a transcript, too large, unreadable)."""
+
+
+@dataclass(frozen=True)
+class TokenUsage:
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_5m_tokens: int = 0
+    cache_write_1h_tokens: int = 0
+
+    def __add__(self, other: TokenUsage) -> TokenUsage:
+        return TokenUsage(
+            *(getattr(self, f.name) + getattr(other, f.name) for f in dataclasses.fields(self))
+        )
+
+    @property
+    def total(self) -> int:
+        return sum(getattr(self, f.name) for f in dataclasses.fields(self))
+
+    def as_dict(self) -> dict[str, int]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class LineProblem:
+    """A line that was skipped, with the 1-based line number in its file."""
+
+    line_number: int
+    message: str
+
+
+@dataclass
+class ParsedTurn:
+    """One real user request and the assistant work that answered it."""
+
+    index: int  # 0-based position in the thread
+    message_uuid: str  # Claude: the user line's uuid; Codex: the turn id (or a stable derived id)
+    timestamp: datetime  # when the request was sent (timezone-aware, UTC)
+    request: str
+    # Usage per model, in the order the models first answered; cost is computed from it.
+    usage_by_model: dict[str, TokenUsage] = field(default_factory=dict)
+    # Timestamp of the last assistant line that served this turn (None: never answered).
+    last_answer_at: datetime | None = None
+    # Cost the tool itself recorded (Claude's costUSD on lines, when present), else None.
+    recorded_cost_usd: float | None = None
+
+    @property
+    def models(self) -> list[str]:
+        return list(self.usage_by_model)
+
+    @property
+    def usage(self) -> TokenUsage:
+        total = TokenUsage()
+        for usage in self.usage_by_model.values():
+            total = total + usage
+        return total
+
+    @property
+    def seconds(self) -> float | None:
+        if self.last_answer_at is None:
+            return None
+        return max(0.0, (self.last_answer_at - self.timestamp).total_seconds())
+
+
+@dataclass
+class ParsedThread:
+    kind: str  # "claude_code" | "codex"
+    session_id: str
+    title: str
+    cwd: str
+    git_branch: str
+    git_commit: str  # Codex records the commit; empty for Claude Code
+    repository_url: str
+    cli_version: str
+    started_at: datetime | None
+    ended_at: datetime | None
+    turns: list[ParsedTurn] = field(default_factory=list)
+    problems: list[LineProblem] = field(default_factory=list)
+    lines_read: int = 0

@@ -1,0 +1,231 @@
+"""Replays settings, read from the environment (see .env.example).
+
+Defaults just work on one machine: SQLite under var/ and the django-q2 ORM
+broker. DATABASE_URL and REDIS_URL switch to PostgreSQL and Redis.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+
+import dj_database_url
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+
+def env_str(name: str, default: str = "") -> str:
+    return os.environ.get(name, default).strip()
+
+
+def env_bool(name: str, default: bool = False) -> bool:
+    value = env_str(name)
+    if not value:
+        return default
+    if value.lower() in {"1", "true", "yes", "on"}:
+        return True
+    if value.lower() in {"0", "false", "no", "off"}:
+        return False
+    raise ValueError(f"{name} must be true or false, not {value!r}")
+
+
+def env_int(name: str, default: int, *, minimum: int = 0) -> int:
+    value = env_str(name)
+    if not value:
+        return default
+    try:
+        number = int(value)
+    except ValueError:
+        raise ValueError(f"{name} must be a whole number, not {value!r}") from None
+    if number < minimum:
+        raise ValueError(f"{name} must be at least {minimum}, not {number}")
+    return number
+
+
+def env_list(name: str, default: list[str]) -> list[str]:
+    value = env_str(name)
+    if not value:
+        return default
+    return [item.strip() for item in value.split(",") if item.strip()]
+
+
+def env_path(name: str, default: Path) -> Path:
+    value = env_str(name)
+    path = Path(value).expanduser() if value else default
+    return path if path.is_absolute() else (BASE_DIR / path)
+
+
+# --- Folders -------------------------------------------------------------------------
+
+REPLAYS_VAR_DIR = env_path("REPLAYS_VAR_DIR", BASE_DIR / "var")
+REPLAYS_RUN_ROOT = env_path("REPLAYS_RUN_ROOT", REPLAYS_VAR_DIR / "runs")
+REPLAYS_VAR_DIR.mkdir(parents=True, exist_ok=True)
+
+# A user-updated price table (manage.py update_prices) overrides the bundled one.
+REPLAYS_PRICES_FILE = REPLAYS_VAR_DIR / "prices.json"
+
+
+def _secret_key() -> str:
+    given = env_str("SECRET_KEY")
+    if given:
+        return given
+    # Generated once per var folder so sessions survive restarts without configuration.
+    key_file = REPLAYS_VAR_DIR / "secret_key"
+    if not key_file.exists():
+        key_file.write_text(secrets.token_urlsafe(50))
+        key_file.chmod(0o600)
+    return key_file.read_text().strip()
+
+
+SECRET_KEY = _secret_key()
+DEBUG = env_bool("DEBUG", False)
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"])
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+
+# --- Limits --------------------------------------------------------------------------
+
+REPLAYS_MAX_PARALLEL_RUNS = env_int("REPLAYS_MAX_PARALLEL_RUNS", 2, minimum=1)
+# Largest transcript file the importer reads (bytes).
+REPLAYS_MAX_TRANSCRIPT_BYTES = env_int(
+    "REPLAYS_MAX_TRANSCRIPT_BYTES", 50 * 1024 * 1024, minimum=1024
+)
+# Requests can carry a pasted log or spec: bodies up to 2 MiB, uploads up to the transcript limit.
+DATA_UPLOAD_MAX_MEMORY_SIZE = 2 * 1024 * 1024
+FILE_UPLOAD_MAX_MEMORY_SIZE = 2 * 1024 * 1024
+
+# --- Application ---------------------------------------------------------------------
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django.contrib.humanize",
+    "rest_framework",
+    "rest_framework.authtoken",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "django_q",
+    "replays",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "replaysite.urls"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+WSGI_APPLICATION = "replaysite.wsgi.application"
+
+# --- Database ------------------------------------------------------------------------
+
+DATABASES = {
+    "default": dj_database_url.parse(
+        env_str("DATABASE_URL") or f"sqlite:///{REPLAYS_VAR_DIR / 'replays.sqlite3'}",
+        conn_max_age=0,
+    )
+}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # Several processes (web, cluster, coordinators) write: WAL lets readers go on,
+    # IMMEDIATE takes the write lock up front so transactions never deadlock on upgrade.
+    DATABASES["default"]["OPTIONS"] = {
+        "transaction_mode": "IMMEDIATE",
+        "timeout": 20,
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA busy_timeout=20000;",
+    }
+    DATABASES["default"].setdefault("TEST", {})
+    # Tests that start other processes (the cluster, commands) need a file, not :memory:.
+    DATABASES["default"]["TEST"]["NAME"] = str(REPLAYS_VAR_DIR / "test_replays.sqlite3")
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = REPLAYS_VAR_DIR / "static"
+
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "replays:thread-list"
+LOGOUT_REDIRECT_URL = "login"
+
+# --- API -----------------------------------------------------------------------------
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "rest_framework.authentication.TokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.PageNumberPagination",
+    "PAGE_SIZE": 50,
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "replays.api.errors.exception_handler",
+}
+
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Replays API",
+    "DESCRIPTION": "Import agent transcripts and replay their requests with other models.",
+    "VERSION": "0.1.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    # Served from our own static files: the machines running Replays may have no internet.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+}
+
+# --- Background work (django-q2) -----------------------------------------------------
+
+REDIS_URL = env_str("REDIS_URL")
+Q_CLUSTER: dict[str, object] = {
+    "name": "replays",
+    "workers": env_int("REPLAYS_Q_WORKERS", 2, minimum=1),
+    # Tasks are short and idempotent; `timeout` must stay below `retry` (FACTS.md).
+    "timeout": 120,
+    "retry": 180,
+    "max_attempts": 1,
+    "catch_up": False,
+    "label": "Tasks",
+}
+if REDIS_URL:
+    Q_CLUSTER["redis"] = REDIS_URL
+else:
+    Q_CLUSTER["orm"] = "default"
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "WARNING")},
+    "loggers": {"replays": {"level": env_str("LOG_LEVEL", "INFO")}},
+}
