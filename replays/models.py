@@ -110,7 +110,7 @@ class Thread(TokenTotals):
         ]
         indexes = [
             # The thread list: newest first.
-            models.Index(F("started_at").desc(nulls_last=True), "id", name="thread_started_idx"),
+            models.Index(fields=["-started_at", "-id"], name="thread_started_idx"),
         ]
 
     def __str__(self) -> str:

@@ -61,6 +61,7 @@ def env_path(name: str, default: Path) -> Path:
 REPLAYS_VAR_DIR = env_path("REPLAYS_VAR_DIR", BASE_DIR / "var")
 REPLAYS_RUN_ROOT = env_path("REPLAYS_RUN_ROOT", REPLAYS_VAR_DIR / "runs")
 REPLAYS_VAR_DIR.mkdir(parents=True, exist_ok=True)
+(REPLAYS_VAR_DIR / "static").mkdir(exist_ok=True)
 
 # A user-updated price table (manage.py update_prices) overrides the bundled one.
 REPLAYS_PRICES_FILE = REPLAYS_VAR_DIR / "prices.json"
@@ -91,7 +92,7 @@ REPLAYS_MAX_TRANSCRIPT_BYTES = env_int(
     "REPLAYS_MAX_TRANSCRIPT_BYTES", 50 * 1024 * 1024, minimum=1024
 )
 # Requests can carry a pasted log or spec: bodies up to 2 MiB, uploads up to the transcript limit.
-DATA_UPLOAD_MAX_MEMORY_SIZE = 2 * 1024 * 1024
+DATA_UPLOAD_MAX_MEMORY_SIZE = 2 * 1024 * 1024 + 64 * 1024
 FILE_UPLOAD_MAX_MEMORY_SIZE = 2 * 1024 * 1024
 
 # --- Application ---------------------------------------------------------------------
@@ -114,6 +115,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "replays.middleware.BodySizeLimitMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -174,6 +177,8 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 STATIC_ROOT = REPLAYS_VAR_DIR / "static"
+# WhiteNoise serves static files straight from the apps, so the demo needs no collectstatic.
+WHITENOISE_USE_FINDERS = True
 
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "replays:thread-list"

@@ -1,0 +1,38 @@
+# Replays: `make demo` runs the demo, `make test` runs the tests.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+HOST ?= 127.0.0.1
+PORT ?= 8000
+
+.PHONY: install node demo test lint check clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+
+install: $(BIN)/python
+	$(BIN)/pip install --quiet -e '.[dev]'
+
+# The pinned agent CLIs (codex, claude) and ccusage, used by the tests and fixtures.
+node:
+	cd tests/node && npm ci --no-audit --no-fund --loglevel=error
+
+demo: install
+	$(BIN)/python manage.py migrate --no-input
+	$(BIN)/python manage.py setup_demo
+	@echo "Starting the django-q2 cluster and the web server on http://$(HOST):$(PORT)/ (Ctrl-C stops both)"
+	@$(BIN)/python manage.py qcluster & cluster=$$!; \
+	trap 'kill $$cluster 2>/dev/null; wait $$cluster 2>/dev/null' EXIT INT TERM; \
+	$(BIN)/python manage.py runserver --noreload $(HOST):$(PORT)
+
+test: install node
+	$(BIN)/python manage.py makemigrations --check --dry-run
+	$(BIN)/python manage.py spectacular --validate --fail-on-warn --file /dev/null
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+lint: install
+	$(BIN)/ruff check replays replaysite tests
+
+clean:
+	rm -rf $(VENV) tests/node/node_modules

@@ -1,0 +1,106 @@
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+from rest_framework.authtoken.models import Token
+from rest_framework.test import APIClient
+
+from replays.models import SourceKind, Thread, Turn
+
+FIXTURES = Path(__file__).parent / "fixtures"
+REAL_TRANSCRIPTS = FIXTURES / "transcripts" / "real"
+EDGE_TRANSCRIPTS = FIXTURES / "transcripts" / "edge"
+
+_sequence = itertools.count(1)
+
+
+@pytest.fixture(autouse=True)
+def fast_password_hashing(settings: Any) -> None:
+    # The real hasher costs ~0.25 s per user; tests create many.
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+@pytest.fixture
+def user(db: None) -> User:
+    return User.objects.create_user("alice", "alice@example.com", "correct-horse-battery")
+
+
+@pytest.fixture
+def other_user(db: None) -> User:
+    return User.objects.create_user("bob", "bob@example.com", "correct-horse-battery")
+
+
+@pytest.fixture
+def staff_user(db: None) -> User:
+    return User.objects.create_user(
+        "carol", "carol@example.com", "correct-horse-battery", is_staff=True, is_superuser=True
+    )
+
+
+@pytest.fixture
+def logged_in_client(client: Any, user: User) -> Any:
+    client.force_login(user)
+    return client
+
+
+@pytest.fixture
+def api_client(user: User) -> APIClient:
+    token = Token.objects.create(user=user)
+    api = APIClient()
+    api.credentials(HTTP_AUTHORIZATION=f"Token {token.key}")
+    return api
+
+
+@pytest.fixture
+def make_thread(db: None) -> Callable[..., Thread]:
+    """A thread with `turns` turns, written directly (for page and API tests)."""
+
+    def make(*, title: str = "", turns: int = 2, cwd: str = "/home/alice/project",
+             kind: str = SourceKind.CLAUDE_CODE, cost: Decimal | None = Decimal("0.25"),
+             requests: list[str] | None = None, started_at: datetime | None = None) -> Thread:
+        number = next(_sequence)
+        start = started_at or datetime(2026, 11, 1, 9, 0, tzinfo=UTC) + timedelta(hours=number)
+        thread = Thread.objects.create(
+            source_kind=kind,
+            session_id=f"session-{number}",
+            title=title or f"Thread {number}",
+            cwd=cwd,
+            git_branch="main",
+            started_at=start,
+            ended_at=start + timedelta(minutes=10),
+            source_path=f"/tmp/session-{number}.jsonl",
+            source_sha256=f"{number:064x}",
+            source_size=1000,
+            turn_count=turns,
+            input_tokens=100 * turns,
+            output_tokens=50 * turns,
+            cost_usd=None if cost is None else cost * turns,
+            seconds=30.0 * turns,
+            models_used=["claude-sonnet-4-5"],
+        )
+        for index in range(turns):
+            request = requests[index] if requests else f"Request {index + 1} of thread {number}"
+            Turn.objects.create(
+                thread=thread,
+                index=index,
+                message_uuid=f"uuid-{number}-{index}",
+                timestamp=start + timedelta(minutes=index),
+                request=request,
+                models_used=["claude-sonnet-4-5"],
+                usage_by_model={"claude-sonnet-4-5": {"input_tokens": 100, "output_tokens": 50}},
+                input_tokens=100,
+                output_tokens=50,
+                cost_usd=cost,
+                seconds=30.0,
+                last_answer_at=start + timedelta(minutes=index, seconds=30),
+            )
+        return thread
+
+    return make
