@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import itertools
+import os
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -104,3 +105,16 @@ def make_thread(db: None) -> Callable[..., Thread]:
         return thread
 
     return make
+
+NODE_BIN = Path(__file__).parent / "node" / "node_modules" / ".bin"
+
+
+def require_tool(path: Path | str, how_to_get: str) -> Path:
+    """The tool at `path`, or skip the test; in CI (REPLAYS_REQUIRE_TOOLS=1) a missing tool fails."""
+    tool = Path(path)
+    if tool.exists():
+        return tool
+    message = f"{tool} is not installed ({how_to_get})"
+    if os.environ.get("REPLAYS_REQUIRE_TOOLS") == "1":
+        pytest.fail(message)
+    pytest.skip(message)
