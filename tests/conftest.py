@@ -118,3 +118,19 @@ def require_tool(path: Path | str, how_to_get: str) -> Path:
     if os.environ.get("REPLAYS_REQUIRE_TOOLS") == "1":
         pytest.fail(message)
     pytest.skip(message)
+
+
+@pytest.fixture
+def process_env(transactional_db: None, settings: Any) -> dict[str, str]:
+    """Environment for a child process (manage.py, qcluster) that uses this test's database."""
+    from django.db import connection
+
+    db = connection.settings_dict
+    if connection.vendor == "sqlite":
+        url = f"sqlite:///{db['NAME']}"
+    else:
+        url = f"postgres://{db['USER']}:{db['PASSWORD']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+    env = {**os.environ, "DATABASE_URL": url, "REPLAYS_VAR_DIR": str(settings.REPLAYS_VAR_DIR),
+           "PYTHONUNBUFFERED": "1"}
+    env.pop("REDIS_URL", None)
+    return env

@@ -1,0 +1,559 @@
+"""Claude Code transcripts (``~/.claude/projects/<slug>/<sessionId>.jsonl``) -> ParsedThread.
+
+Also home of the JSONL line reader both parsers share (the Codex parser imports
+it from here), so both refuse whole files and report bad lines the same way.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from bisect import bisect_right
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+from replays.transcripts.base import (
+    LineProblem,
+    ParsedThread,
+    ParsedTurn,
+    TokenUsage,
+    TranscriptError,
+)
+
+KIND = "claude_code"
+TITLE_MAX_CHARS = 120
+
+# Line types Claude Code writes. Anything else is skipped silently: new releases
+# add types often, and an unknown one must not make a transcript unimportable.
+KNOWN_LINE_TYPES = frozenset(
+    {
+        "user",
+        "assistant",
+        "system",
+        "summary",
+        "attachment",
+        "queue-operation",
+        "file-history-snapshot",
+        "last-prompt",
+        "ai-title",
+        "custom-title",
+        "agent-name",
+        "mode",
+        "permission-mode",
+        "progress",
+    }
+)
+
+# Types other tools use too ("user", "summary"...): such a line reads as Claude
+# Code's only with one of its ids, so a generic chat log is not taken for one.
+_GENERIC_LINE_TYPES = frozenset(
+    {"user", "assistant", "system", "summary", "attachment", "mode", "progress"}
+)
+_CLAUDE_IDS = ("sessionId", "uuid", "leafUuid")
+
+# Written by Claude Code when an API call fails; it carries no real usage.
+SYNTHETIC_MODEL = "<synthetic>"
+
+# User lines that are Claude Code's own plumbing (slash-command echoes, local
+# command output, `!` shell input/output), not a request to the model.
+_WRAPPER_RE = re.compile(r"^\s*<(command-[a-z-]+|local-command-[a-z-]+|bash-[a-z-]+)>")
+_INTERRUPT_PREFIX = "[Request interrupted by user"
+
+
+# --- shared line reading -----------------------------------------------------
+
+
+class JsonLines:
+    """The JSON values of a JSONL file, one per non-blank line.
+
+    Whole-file problems (too large, empty, binary, unreadable) raise
+    TranscriptError; a bad line becomes a LineProblem in ``problems`` and is
+    skipped, so one damaged line never costs the rest of a session.
+    """
+
+    def __init__(self, path: Path, *, max_bytes: int) -> None:
+        self.path = path
+        self.max_bytes = max_bytes
+        self.problems: list[LineProblem] = []
+        self.lines_read = 0  # non-blank lines, good or bad
+        try:
+            size = path.stat().st_size
+        except OSError as exc:
+            raise TranscriptError(f"{path.name} cannot be read: {exc.strerror or exc}") from exc
+        if size > max_bytes:
+            raise TranscriptError(
+                f"{path.name} is {size} bytes, larger than the limit of {max_bytes} bytes"
+            )
+        if size == 0:
+            raise TranscriptError(f"{path.name} is empty")
+
+    def __iter__(self) -> Iterator[tuple[int, Any]]:
+        bytes_read = 0
+        try:
+            with self.path.open("rb") as handle:
+                for line_number, raw in enumerate(handle, start=1):
+                    bytes_read += len(raw)
+                    if bytes_read > self.max_bytes:
+                        # The file grew while we read it (a live session).
+                        raise TranscriptError(
+                            f"{self.path.name} is larger than the limit of {self.max_bytes} bytes"
+                        )
+                    value = self._decode(line_number, raw)
+                    if value is not _SKIP:
+                        yield line_number, value
+        except OSError as exc:
+            raise TranscriptError(
+                f"{self.path.name} cannot be read: {exc.strerror or exc}"
+            ) from exc
+        if self.lines_read == 0:
+            raise TranscriptError(f"{self.path.name} is empty")
+
+    def _decode(self, line_number: int, raw: bytes) -> Any:
+        complete = raw.endswith(b"\n")
+        if line_number == 1 and raw.startswith(b"\xef\xbb\xbf"):
+            raw = raw[3:]
+        if not raw.strip():
+            return _SKIP
+        self.lines_read += 1
+        try:
+            if b"\x00" in raw:
+                raise UnicodeDecodeError("utf-8", raw, 0, 1, "NUL byte")
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            if self.lines_read == 1:
+                # A binary file: refuse it whole rather than list a problem per line.
+                raise TranscriptError(f"{self.path.name} is not UTF-8 text") from exc
+            if not complete:
+                self.problem(line_number, "truncated last line (cut inside a character)")
+            else:
+                self.problem(line_number, "line is not UTF-8 text")
+            return _SKIP
+        try:
+            return json.loads(text)
+        except (json.JSONDecodeError, RecursionError) as exc:
+            detail = exc.msg if isinstance(exc, json.JSONDecodeError) else "nested too deeply"
+            if not complete:
+                self.problem(line_number, f"truncated last line (invalid JSON: {detail})")
+            else:
+                self.problem(line_number, f"invalid JSON: {detail}")
+            return _SKIP
+
+    def problem(self, line_number: int, message: str) -> None:
+        self.problems.append(LineProblem(line_number, message))
+
+
+_SKIP = object()  # sentinel: the line produced no value (blank or a problem)
+
+
+def looks_like_claude_line(value: object) -> bool:
+    """Whether a parsed line is recognisably Claude Code's (used to tell formats apart)."""
+    if not isinstance(value, dict):
+        return False
+    line_type = value.get("type")
+    has_id = any(isinstance(value.get(key), str) for key in _CLAUDE_IDS)
+    if line_type in KNOWN_LINE_TYPES:
+        return has_id or line_type not in _GENERIC_LINE_TYPES
+    # A type newer than this parser, carrying Claude's ids.
+    return isinstance(value.get("sessionId"), str) and isinstance(value.get("uuid"), str)
+
+
+def parse_timestamp(value: object) -> datetime:
+    """ISO 8601 text -> timezone-aware UTC datetime; ValueError when it is not one."""
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"bad timestamp {value!r}")
+    try:
+        parsed = datetime.fromisoformat(value.strip())
+    except ValueError:
+        raise ValueError(f"bad timestamp {value!r}") from None
+    if parsed.tzinfo is None:
+        # Both CLIs write UTC ("...Z"); a naive value is read as UTC too.
+        return parsed.replace(tzinfo=UTC)
+    return parsed.astimezone(UTC)
+
+
+def make_title(text: str) -> str:
+    """First non-blank line of ``text``, at most TITLE_MAX_CHARS characters."""
+    for line in text.splitlines():
+        line = line.strip()
+        if line:
+            if len(line) > TITLE_MAX_CHARS:
+                return line[: TITLE_MAX_CHARS - 1] + "…"
+            return line
+    return ""
+
+
+def token_count(container: dict[str, Any], key: str) -> int:
+    """A non-negative integer token count; ValueError when the field holds something else."""
+    value = container.get(key)
+    if value is None:
+        return 0
+    # bool is an int subclass; true/false in a count field is a broken line.
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{key} is not a number")
+    if isinstance(value, float) and not value.is_integer():
+        raise ValueError(f"{key} is not a whole number")
+    if value < 0:
+        raise ValueError(f"{key} is negative")
+    return int(value)
+
+
+def max_usage(a: TokenUsage, b: TokenUsage) -> TokenUsage:
+    return TokenUsage(
+        input_tokens=max(a.input_tokens, b.input_tokens),
+        output_tokens=max(a.output_tokens, b.output_tokens),
+        cache_read_tokens=max(a.cache_read_tokens, b.cache_read_tokens),
+        cache_write_5m_tokens=max(a.cache_write_5m_tokens, b.cache_write_5m_tokens),
+        cache_write_1h_tokens=max(a.cache_write_1h_tokens, b.cache_write_1h_tokens),
+    )
+
+
+# --- Claude Code ----------------------------------------------------------------
+
+
+@dataclass
+class _Response:
+    """One API response, possibly streamed over several lines sharing (message.id, requestId)."""
+
+    turn_index: int  # -1: from a sub-agent file, placed by time once all turns are known
+    model: str
+    first_at: datetime
+    last_at: datetime
+    usage: TokenUsage = field(default_factory=TokenUsage)
+    cost_usd: float | None = None
+
+
+@dataclass
+class _State:
+    turns: list[ParsedTurn] = field(default_factory=list)
+    responses: dict[tuple[str, str], _Response] = field(default_factory=dict)
+    seen_user_uuids: set[str] = field(default_factory=set)
+    session_id: str = ""
+    cwd: str = ""
+    git_branch: str = ""
+    cli_version: str = ""
+    custom_title: str = ""
+    ai_title: str = ""
+    summary: str = ""
+    started_at: datetime | None = None
+    ended_at: datetime | None = None
+    recognised: bool = False
+
+    def saw_time(self, at: datetime) -> None:
+        self.started_at = at if self.started_at is None else min(self.started_at, at)
+        self.ended_at = at if self.ended_at is None else max(self.ended_at, at)
+
+
+def parse_claude_code(
+    path: Path, *, max_bytes: int, include_subagents: bool = True
+) -> ParsedThread:
+    """Parse one Claude Code session file.
+
+    With ``include_subagents`` the sub-agent transcripts Claude Code keeps in
+    ``<sessionId>/subagents/*.jsonl`` beside the file are read too, and their
+    usage is added to the turn whose time window contains them.
+    """
+    lines = JsonLines(path, max_bytes=max_bytes)
+    state = _State()
+    for line_number, value in lines:
+        _read_line(state, lines, line_number, value, main_file=True)
+    if not state.recognised:
+        raise TranscriptError(f"{path.name} is not a Claude Code transcript")
+
+    session_id = state.session_id or path.stem
+    problems = lines.problems
+    if include_subagents:
+        problems = problems + _read_subagents(state, path, session_id, max_bytes=max_bytes)
+    _finish_turns(state)
+
+    title = state.custom_title or state.ai_title or state.summary
+    if not title and state.turns:
+        title = state.turns[0].request
+    return ParsedThread(
+        kind=KIND,
+        session_id=session_id,
+        title=make_title(title),
+        cwd=state.cwd,
+        git_branch=state.git_branch,
+        git_commit="",  # Claude Code records no commit; the importer derives a baseline from git
+        repository_url="",
+        cli_version=state.cli_version,
+        started_at=state.started_at,
+        ended_at=state.ended_at,
+        turns=state.turns,
+        problems=problems,
+        lines_read=lines.lines_read,
+    )
+
+
+def _read_line(
+    state: _State, lines: JsonLines, line_number: int, value: Any, *, main_file: bool
+) -> None:
+    if not isinstance(value, dict):
+        lines.problem(line_number, f"line is a JSON {type(value).__name__}, not an object")
+        return
+    state.recognised = state.recognised or looks_like_claude_line(value)
+    line_type = value.get("type")
+    if line_type not in KNOWN_LINE_TYPES:
+        return  # unknown types are newer than this parser: skipped silently
+
+    at: datetime | None = None
+    if "timestamp" in value:
+        try:
+            at = parse_timestamp(value["timestamp"])
+        except ValueError as exc:
+            lines.problem(line_number, str(exc))
+            return
+    elif line_type in ("user", "assistant"):
+        lines.problem(line_number, f"{line_type} line has no timestamp")
+        return
+
+    if line_type in ("user", "assistant"):
+        message = value.get("message")
+        if not isinstance(message, dict):
+            lines.problem(line_number, f"{line_type} line has no message object")
+            return
+
+    try:
+        if line_type == "assistant":
+            assert at is not None
+            _read_assistant(state, lines, line_number, value, at, from_subagent=not main_file)
+        elif line_type == "user" and main_file:
+            assert at is not None
+            _read_user(state, line_number, value, at)
+    except ValueError as exc:
+        # A skipped line adds nothing, its metadata and time included.
+        lines.problem(line_number, str(exc))
+        return
+    if not main_file:
+        # A sub-agent file adds usage only; its prompts, titles and times are its own.
+        return
+
+    _read_metadata(state, value)
+    if at is not None:
+        state.saw_time(at)
+    if line_type == "summary" and isinstance(value.get("summary"), str):
+        state.summary = value["summary"]
+    elif line_type == "ai-title":
+        # Field name seen as "aiTitle"; "title" accepted too. The latest one wins.
+        title = value.get("aiTitle", value.get("title"))
+        if isinstance(title, str) and title.strip():
+            state.ai_title = title
+    elif line_type == "custom-title":
+        title = value.get("customTitle", value.get("title"))
+        if isinstance(title, str) and title.strip():
+            state.custom_title = title
+
+
+def _read_metadata(state: _State, value: dict[str, Any]) -> None:
+    # The first line that carries each field wins: later lines repeat it, and a
+    # `cd` during the session should not move the thread's recorded cwd.
+    for key, attr in (
+        ("sessionId", "session_id"),
+        ("cwd", "cwd"),
+        ("gitBranch", "git_branch"),
+        ("version", "cli_version"),
+    ):
+        if not getattr(state, attr):
+            field_value = value.get(key)
+            if isinstance(field_value, str) and field_value:
+                setattr(state, attr, field_value)
+
+
+def _read_user(state: _State, line_number: int, value: dict[str, Any], at: datetime) -> None:
+    """Start a turn when the line is a real prompt; ValueError when its content is malformed."""
+    request = prompt_text(value)
+    uuid = value.get("uuid")
+    if isinstance(uuid, str):
+        # A resumed session can repeat earlier lines; one prompt is one turn.
+        if uuid in state.seen_user_uuids:
+            return
+        state.seen_user_uuids.add(uuid)
+    if request is None:
+        return
+    state.turns.append(
+        ParsedTurn(
+            index=len(state.turns),
+            message_uuid=uuid if isinstance(uuid, str) and uuid else f"line-{line_number}",
+            timestamp=at,
+            request=request,
+        )
+    )
+
+
+def prompt_text(value: dict[str, Any]) -> str | None:
+    """The request text when a user line is a real prompt, else None.
+
+    Raises ValueError when the message content has a shape no Claude Code writes.
+    """
+    if value.get("isSidechain") or value.get("isMeta") or value.get("isCompactSummary"):
+        return None
+    if "toolUseResult" in value:
+        return None
+    content = value["message"].get("content")
+    if isinstance(content, str):
+        text = content
+    elif isinstance(content, list):
+        texts: list[str] = []
+        has_image = False
+        for block in content:
+            if not isinstance(block, dict):
+                raise ValueError("message.content holds a block that is not an object")
+            block_type = block.get("type")
+            if block_type == "tool_result":
+                return None
+            if block_type == "text" and isinstance(block.get("text"), str):
+                texts.append(block["text"])
+            elif block_type in ("image", "document"):
+                has_image = True
+        text = "\n".join(texts)
+        if not text.strip() and has_image:
+            text = "[image]"
+    else:
+        raise ValueError("message.content is neither text nor a list of blocks")
+    text = text.strip()
+    if not text or _WRAPPER_RE.match(text) or text.startswith(_INTERRUPT_PREFIX):
+        return None
+    return text
+
+
+def _read_assistant(
+    state: _State,
+    lines: JsonLines,
+    line_number: int,
+    value: dict[str, Any],
+    at: datetime,
+    *,
+    from_subagent: bool,
+) -> None:
+    """Add one assistant line to its response; ValueError when its usage is malformed."""
+    message = value["message"]
+    model = message.get("model")
+    if model == SYNTHETIC_MODEL:
+        return
+    if not isinstance(model, str) or not model:
+        model = "unknown"
+    usage = _usage(message.get("usage"))
+    cost = _cost(value.get("costUSD"))
+
+    if from_subagent:
+        turn_index = -1
+    elif state.turns:
+        # Main-file work, sidechain lines included, serves the latest real prompt.
+        turn_index = len(state.turns) - 1
+    else:
+        return  # work before the first real prompt serves no turn
+
+    message_id = message.get("id")
+    request_id = value.get("requestId")
+    if isinstance(message_id, str) and message_id:
+        key = (message_id, request_id if isinstance(request_id, str) else "")
+    else:
+        # Without an id a line cannot be matched to its siblings; count it alone.
+        key = ("line", f"{lines.path.name}:{line_number}")
+
+    response = state.responses.get(key)
+    if response is None:
+        # The first line of a response decides its turn; a sub-agent file that
+        # repeats a response already seen in the main file does not move it.
+        response = _Response(turn_index=turn_index, model=model, first_at=at, last_at=at)
+        state.responses[key] = response
+    # Streamed siblings repeat usage, often growing (output_tokens especially):
+    # the largest value per kind is the response's usage, counted once.
+    response.usage = max_usage(response.usage, usage)
+    response.first_at = min(response.first_at, at)
+    response.last_at = max(response.last_at, at)
+    if cost is not None:
+        response.cost_usd = cost if response.cost_usd is None else max(response.cost_usd, cost)
+
+
+def _usage(raw: object) -> TokenUsage:
+    if raw is None:
+        return TokenUsage()
+    if not isinstance(raw, dict):
+        raise ValueError("message.usage is not an object")
+    cache_write = token_count(raw, "cache_creation_input_tokens")
+    write_5m, write_1h = cache_write, 0
+    split = raw.get("cache_creation")
+    if isinstance(split, dict):
+        write_5m = token_count(split, "ephemeral_5m_input_tokens")
+        write_1h = token_count(split, "ephemeral_1h_input_tokens")
+        # Whatever the split does not explain is priced as the default 5m write.
+        write_5m += max(0, cache_write - write_5m - write_1h)
+    return TokenUsage(
+        input_tokens=token_count(raw, "input_tokens"),
+        output_tokens=token_count(raw, "output_tokens"),
+        cache_read_tokens=token_count(raw, "cache_read_input_tokens"),
+        cache_write_5m_tokens=write_5m,
+        cache_write_1h_tokens=write_1h,
+    )
+
+
+def _cost(raw: object) -> float | None:
+    if raw is None:
+        return None
+    if isinstance(raw, bool) or not isinstance(raw, (int, float)) or raw < 0:
+        raise ValueError("costUSD is not a non-negative number")
+    return float(raw)
+
+
+def _read_subagents(
+    state: _State, path: Path, session_id: str, *, max_bytes: int
+) -> list[LineProblem]:
+    """Read ``<sessionId>/subagents/*.jsonl``; _finish_turns places their responses by time."""
+    folder = path.parent / session_id / "subagents"
+    if not folder.is_dir():
+        return []
+    problems: list[LineProblem] = []
+    for sub_path in sorted(folder.glob("*.jsonl")):
+        label = f"{session_id}/subagents/{sub_path.name}"
+        sub_problems: list[LineProblem] = []
+        sub_lines: JsonLines | None = None
+        try:
+            sub_lines = JsonLines(sub_path, max_bytes=max_bytes)
+            sub_problems = sub_lines.problems
+            for line_number, value in sub_lines:
+                _read_line(state, sub_lines, line_number, value, main_file=False)
+        except TranscriptError as exc:
+            empty = sub_path.stat().st_size == 0 or (
+                sub_lines is not None and not sub_lines.lines_read
+            )
+            if empty:
+                continue  # a sub-agent that never wrote a line: nothing to add, nothing wrong
+            # A broken sub-agent file must not cost the main session; it is
+            # reported, with line 0 meaning "the whole file".
+            sub_problems = sub_problems + [LineProblem(0, str(exc))]
+        problems.extend(LineProblem(p.line_number, f"{label}: {p.message}") for p in sub_problems)
+    return problems
+
+
+def _finish_turns(state: _State) -> None:
+    """Place sub-agent responses by time, then sum each turn's responses per model."""
+    starts = [turn.timestamp for turn in state.turns]
+    for response in state.responses.values():
+        if response.turn_index < 0:
+            # The turn whose window [its request, the next request) holds the response.
+            response.turn_index = bisect_right(starts, response.first_at) - 1
+
+    # Sorted by time so usage_by_model lists models in the order they first answered,
+    # sub-agent files (read last) included.
+    ordered = sorted(
+        (r for r in state.responses.values() if r.turn_index >= 0), key=lambda r: r.first_at
+    )
+    recorded: dict[int, Decimal] = {}
+    for response in ordered:
+        turn = state.turns[response.turn_index]
+        if turn.last_answer_at is None or response.last_at > turn.last_answer_at:
+            turn.last_answer_at = response.last_at
+        previous = turn.usage_by_model.get(response.model, TokenUsage())
+        turn.usage_by_model[response.model] = previous + response.usage
+        if response.cost_usd is not None:
+            # Summed as decimals so 0.03 + 0.005 is 0.035, not 0.034999...
+            recorded[response.turn_index] = recorded.get(response.turn_index, Decimal(0)) + Decimal(
+                repr(response.cost_usd)
+            )
+    for index, cost in recorded.items():
+        state.turns[index].recorded_cost_usd = float(cost)

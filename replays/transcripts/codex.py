@@ -1,0 +1,465 @@
+"""Codex CLI session files (``$CODEX_HOME/sessions/YYYY/MM/DD/rollout-*.jsonl``) -> ParsedThread.
+
+Every line is ``{timestamp, type, payload}``. The file is read in two steps:
+the lines become a short list of events (prompt, usage, answer), then the
+events become turns. Two steps because which lines count as prompts depends on
+the whole file: user prompts appear both as events and as ``response_item``
+messages, and the latter are only trusted when a file has no prompt events.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Literal
+
+from replays.transcripts.base import ParsedThread, ParsedTurn, TokenUsage, TranscriptError
+
+# The line reader and helpers are shared with the Claude Code parser.
+from replays.transcripts.claude_code import JsonLines, make_title, parse_timestamp, token_count
+
+KIND = "codex"
+LINE_TYPES = frozenset(
+    {
+        "session_meta",
+        "response_item",
+        "event_msg",
+        "turn_context",
+        "compacted",
+        "token_usage_record",  # 0.169.0: one per model response, with its response_id
+    }
+)
+# Used when usage arrives before any turn_context names the model (very old files).
+UNKNOWN_MODEL = "unknown"
+
+# User messages Codex injects itself (workspace context, AGENTS.md, permissions,
+# aborted-turn notes); they are recorded like user input but are not requests.
+_INJECTED_PREFIXES = (
+    "<environment_context>",
+    "<user_instructions>",
+    "<permissions instructions>",
+    "<collaboration_mode>",
+    "<turn_aborted>",
+    "<user_shell_command>",
+    "<INSTRUCTIONS>",
+    "# AGENTS.md instructions",
+)
+# Output the model produced: its time is when the turn was last answered.
+_MODEL_OUTPUT_ITEMS = frozenset(
+    {
+        "function_call",
+        "custom_tool_call",
+        "local_shell_call",
+        "web_search_call",
+        "tool_search_call",
+        "reasoning",
+    }
+)
+_ANSWER_EVENTS = frozenset({"agent_message", "assistant_message", "agent_reasoning"})
+_ANSWER_ITEMS = frozenset({"AgentMessage", "agent_message", "assistant_message", "Reasoning"})
+_USER_ITEMS = frozenset({"UserMessage", "user_message"})
+_ROLLOUT_UUID_RE = re.compile(
+    r"([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})$", re.IGNORECASE
+)
+
+
+@dataclass(frozen=True)
+class _Prompt:
+    at: datetime
+    text: str
+    turn_id: str | None
+    source: Literal["event", "response_item"]
+
+
+@dataclass(frozen=True)
+class _Usage:
+    at: datetime
+    model: str
+    usage: TokenUsage
+    # "record": a token_usage_record (per response); "count": a token_count delta.
+    # They describe the same responses: a turn takes one source, never both.
+    source: Literal["record", "count"]
+
+
+@dataclass(frozen=True)
+class _Answer:
+    at: datetime
+
+
+@dataclass(frozen=True)
+class _TurnStarted:
+    turn_id: str
+
+
+_Event = _Prompt | _Usage | _Answer | _TurnStarted
+
+
+@dataclass(frozen=True)
+class _RawUsage:
+    """Codex usage as written: input includes cached (and cache-write) tokens,
+    output includes reasoning tokens."""
+
+    input_tokens: int
+    cached_input_tokens: int
+    cache_write_input_tokens: int
+    output_tokens: int
+
+    def minus(self, other: _RawUsage) -> _RawUsage:
+        return _RawUsage(
+            self.input_tokens - other.input_tokens,
+            self.cached_input_tokens - other.cached_input_tokens,
+            self.cache_write_input_tokens - other.cache_write_input_tokens,
+            self.output_tokens - other.output_tokens,
+        )
+
+    def is_below(self, other: _RawUsage) -> bool:
+        return (
+            self.input_tokens < other.input_tokens
+            or self.cached_input_tokens < other.cached_input_tokens
+            or self.cache_write_input_tokens < other.cache_write_input_tokens
+            or self.output_tokens < other.output_tokens
+        )
+
+    def normalised(self) -> TokenUsage:
+        """Disjoint kinds: cached reads and cache writes are taken out of input."""
+        input_tokens = max(self.input_tokens, 0)
+        cached = min(max(self.cached_input_tokens, 0), input_tokens)
+        # cache_write_input_tokens is 0 in every file seen so far; it is read as
+        # part of input like cached tokens (an assumption), priced as a 5m write.
+        written = min(max(self.cache_write_input_tokens, 0), input_tokens - cached)
+        return TokenUsage(
+            input_tokens=input_tokens - cached - written,
+            cache_read_tokens=cached,
+            cache_write_5m_tokens=written,
+            output_tokens=max(self.output_tokens, 0),
+        )
+
+
+class _Reader:
+    """Step one: lines -> events, plus the thread's metadata."""
+
+    def __init__(self, lines: JsonLines) -> None:
+        self.lines = lines
+        self.events: list[_Event] = []
+        self.session_id = ""
+        self.cwd = ""
+        self.cli_version = ""
+        self.git_commit = ""
+        self.git_branch = ""
+        self.repository_url = ""
+        self.started_at: datetime | None = None
+        self.ended_at: datetime | None = None
+        self.model = UNKNOWN_MODEL
+        self.previous_total: _RawUsage | None = None
+        self.recorded_responses: set[str] = set()
+        self.recognised = False
+
+    def read(self) -> None:
+        for line_number, value in self.lines:
+            try:
+                self._line(value)
+            except ValueError as exc:
+                self.lines.problem(line_number, str(exc))
+
+    def _line(self, value: Any) -> None:
+        if not isinstance(value, dict):
+            raise ValueError(f"line is a JSON {type(value).__name__}, not an object")
+        line_type = value.get("type")
+        if line_type not in LINE_TYPES:
+            return  # unknown line types are newer than this parser: skip them
+        self.recognised = True
+        payload = value.get("payload")
+        if not isinstance(payload, dict):
+            raise ValueError(f"{line_type} line has no payload object")
+        at = parse_timestamp(value.get("timestamp"))
+        self.started_at = at if self.started_at is None else min(self.started_at, at)
+        self.ended_at = at if self.ended_at is None else max(self.ended_at, at)
+
+        if line_type == "session_meta":
+            self._session_meta(payload)
+        elif line_type == "turn_context":
+            self._turn_context(payload)
+        elif line_type == "event_msg":
+            self._event_msg(payload, at)
+        elif line_type == "response_item":
+            self._response_item(payload, at)
+        elif line_type == "token_usage_record":
+            self._token_usage_record(payload, at)
+        # "compacted" holds a summary of earlier history: neither a prompt nor usage.
+
+    def _session_meta(self, payload: dict[str, Any]) -> None:
+        # A resumed or forked session can carry more than one session_meta; the
+        # first describes this file's session.
+        self._first("session_id", payload.get("id"))
+        self._first("cwd", payload.get("cwd"))
+        self._first("cli_version", payload.get("cli_version"))
+        git = payload.get("git")
+        if isinstance(git, dict):
+            self._first("git_commit", git.get("commit_hash"))
+            self._first("git_branch", git.get("branch"))
+            self._first("repository_url", git.get("repository_url"))
+
+    def _first(self, attr: str, value: object) -> None:
+        if not getattr(self, attr) and isinstance(value, str) and value:
+            setattr(self, attr, value)
+
+    def _turn_context(self, payload: dict[str, Any]) -> None:
+        model = payload.get("model")
+        if isinstance(model, str) and model:
+            self.model = model
+        self._first("cwd", payload.get("cwd"))
+        turn_id = payload.get("turn_id")
+        if isinstance(turn_id, str) and turn_id:
+            self.events.append(_TurnStarted(turn_id))
+
+    def _event_msg(self, payload: dict[str, Any], at: datetime) -> None:
+        event_type = payload.get("type")
+        if event_type == "user_message":
+            # Some releases tagged injected context with a `kind`; "plain" is what the user typed.
+            kind = payload.get("kind")
+            text = payload.get("message")
+            if kind not in (None, "plain") or not isinstance(text, str):
+                return
+            if payload.get("images") and not text.strip():
+                text = "[image]"
+            self._prompt(at, text, _string(payload.get("turn_id")), "event")
+        elif event_type == "item_completed":
+            item = payload.get("item")
+            if not isinstance(item, dict):
+                raise ValueError("item_completed event has no item object")
+            item_type = item.get("type", item.get("item_type"))
+            if item_type in _USER_ITEMS:
+                turn_id = _string(payload.get("turn_id")) or _string(item.get("turn_id"))
+                self._prompt(at, _item_text(item), turn_id, "event")
+            elif item_type in _ANSWER_ITEMS:
+                self.events.append(_Answer(at))
+        elif event_type in ("task_started", "turn_started"):
+            turn_id = _string(payload.get("turn_id"))
+            if turn_id:
+                self.events.append(_TurnStarted(turn_id))
+        elif event_type in _ANSWER_EVENTS:
+            self.events.append(_Answer(at))
+        elif event_type == "token_count":
+            usage = self._token_count(payload)
+            if usage is not None and usage.total:
+                self.events.append(_Usage(at, self.model, usage, "count"))
+                self.events.append(_Answer(at))
+
+    def _response_item(self, payload: dict[str, Any], at: datetime) -> None:
+        item_type = payload.get("type", payload.get("item_type"))
+        if item_type == "message":
+            role = payload.get("role")
+            if role == "user":
+                text = _item_text(payload)
+                if not text.lstrip().startswith(_INJECTED_PREFIXES):
+                    self._prompt(at, text, None, "response_item")
+            elif role == "assistant":
+                self.events.append(_Answer(at))
+        elif item_type in _MODEL_OUTPUT_ITEMS:
+            self.events.append(_Answer(at))
+
+    def _prompt(
+        self,
+        at: datetime,
+        text: str,
+        turn_id: str | None,
+        source: Literal["event", "response_item"],
+    ) -> None:
+        text = text.strip()
+        if text and not text.startswith(_INJECTED_PREFIXES):
+            self.events.append(_Prompt(at, text, turn_id, source))
+
+    def _token_usage_record(self, payload: dict[str, Any], at: datetime) -> None:
+        raw = _raw_usage(payload.get("usage"), "usage")
+        if raw is None:
+            return
+        response_id = _string(payload.get("response_id"))
+        if response_id is not None:
+            # A record written twice (a resumed process replaying) counts once.
+            if response_id in self.recorded_responses:
+                return
+            self.recorded_responses.add(response_id)
+        usage = raw.normalised()
+        if usage.total:
+            self.events.append(_Usage(at, self.model, usage, "record"))
+            self.events.append(_Answer(at))
+
+    def _token_count(self, payload: dict[str, Any]) -> TokenUsage | None:
+        """The usage this token_count event adds, or None when it adds nothing knowable.
+
+        Codex writes the running total and the last request's usage. The total
+        is the robust source: an event repeated with the same total adds 0,
+        where summing last_token_usage would count it twice. When the counter
+        restarted (a new process that did not restore it: the total equals the
+        last request, or went down), the last request's usage is what this
+        event adds.
+        """
+        info = payload.get("info")
+        if info is None:
+            return None  # rate-limit-only events carry no usage
+        if not isinstance(info, dict):
+            raise ValueError("token_count info is not an object")
+        total = _raw_usage(info.get("total_token_usage"), "total_token_usage")
+        last = _raw_usage(info.get("last_token_usage"), "last_token_usage")
+        if total is None:
+            return last.normalised() if last is not None else None
+        previous, self.previous_total = self.previous_total, total
+        if previous is None:
+            return total.normalised()
+        if total == previous:
+            return None  # the same event again
+        if total == last or total.is_below(previous):
+            return (last or total).normalised()
+        return total.minus(previous).normalised()
+
+
+def _raw_usage(value: object, name: str) -> _RawUsage | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise ValueError(f"{name} is not an object")
+    cached_key = (
+        "cached_input_tokens" if "cached_input_tokens" in value else "cache_read_input_tokens"
+    )
+    try:
+        return _RawUsage(
+            input_tokens=token_count(value, "input_tokens"),
+            cached_input_tokens=token_count(value, cached_key),
+            cache_write_input_tokens=token_count(value, "cache_write_input_tokens"),
+            output_tokens=token_count(value, "output_tokens"),
+        )
+    except ValueError as exc:
+        raise ValueError(f"{name}.{exc}") from None
+
+
+def _string(value: object) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def _item_text(item: dict[str, Any]) -> str:
+    """Text of a message item: content blocks (input_text / text), or a plain text field."""
+    content = item.get("content")
+    if isinstance(content, str):
+        return content
+    texts: list[str] = []
+    has_image = False
+    if isinstance(content, list):
+        for block in content:
+            if not isinstance(block, dict):
+                continue
+            if isinstance(block.get("text"), str):
+                texts.append(block["text"])
+            elif block.get("type") in ("image", "input_image", "local_image"):
+                has_image = True
+    for key in ("text", "message"):
+        if not texts and isinstance(item.get(key), str):
+            texts.append(item[key])
+    text = "\n".join(texts)
+    if not text.strip() and has_image:
+        return "[image]"
+    return text
+
+
+def parse_codex(path: Path, *, max_bytes: int) -> ParsedThread:
+    """Parse one Codex rollout file."""
+    lines = JsonLines(path, max_bytes=max_bytes)
+    reader = _Reader(lines)
+    reader.read()
+    if not reader.recognised:
+        raise TranscriptError(f"{path.name} is not a Codex session file")
+
+    session_id = reader.session_id or _session_id_from_name(path)
+    turns = _build_turns(reader.events, session_id)
+    return ParsedThread(
+        kind=KIND,
+        session_id=session_id,
+        title=make_title(turns[0].request) if turns else "",
+        cwd=reader.cwd,
+        git_branch=reader.git_branch,
+        git_commit=reader.git_commit,
+        repository_url=reader.repository_url,
+        cli_version=reader.cli_version,
+        started_at=reader.started_at,
+        ended_at=reader.ended_at,
+        turns=turns,
+        problems=lines.problems,
+        lines_read=lines.lines_read,
+    )
+
+
+def _session_id_from_name(path: Path) -> str:
+    # rollout-2025-10-01T12-00-00-<uuid>.jsonl: the uuid is the session id.
+    match = _ROLLOUT_UUID_RE.search(path.stem)
+    return match.group(1) if match else path.stem
+
+
+def _build_turns(events: list[_Event], session_id: str) -> list[ParsedTurn]:
+    """Step two: events -> turns. Each usage and answer serves the latest turn."""
+    # Prompt events are authoritative. Files without them (the oldest format)
+    # fall back to user response_items, already stripped of injected context.
+    source = (
+        "event"
+        if any(isinstance(e, _Prompt) and e.source == "event" for e in events)
+        else "response_item"
+    )
+    turns: list[ParsedTurn] = []
+    turn_ids: list[str | None] = []  # the Codex turn id of each turn, when known
+    # Per turn, usage by source and model; one source is chosen per turn at the end.
+    usage: list[dict[str, dict[str, TokenUsage]]] = []
+    used_ids: set[str] = set()
+    latest_turn_id: str | None = None
+    worked = False  # usage or an answer since the latest prompt
+
+    for event in events:
+        if isinstance(event, _TurnStarted):
+            latest_turn_id = event.turn_id
+        elif isinstance(event, _Prompt):
+            if event.source != source:
+                continue
+            if turns:
+                current_id = turn_ids[-1]
+                # One prompt recorded twice (user_message and item_completed),
+                # or a message the user added to a turn still running.
+                same_id = event.turn_id is not None and event.turn_id == current_id
+                repeated = not worked and event.text == turns[-1].request
+                if same_id or repeated:
+                    if event.turn_id and current_id is None and event.turn_id not in used_ids:
+                        turn_ids[-1] = event.turn_id
+                        used_ids.add(event.turn_id)
+                        turns[-1].message_uuid = event.turn_id
+                    continue
+            turn_id = event.turn_id
+            if turn_id is None and latest_turn_id is not None and latest_turn_id not in used_ids:
+                turn_id = latest_turn_id
+            if turn_id is not None and turn_id in used_ids:
+                turn_id = None
+            if turn_id is not None:
+                used_ids.add(turn_id)
+            turn_ids.append(turn_id)
+            usage.append({"record": {}, "count": {}})
+            turns.append(
+                ParsedTurn(
+                    index=len(turns),
+                    message_uuid=turn_id or f"{session_id}:{len(turns)}",
+                    timestamp=event.at,
+                    request=event.text,
+                )
+            )
+            worked = False
+        elif turns:
+            # Work before the first prompt (none in practice) serves no turn.
+            turn = turns[-1]
+            worked = True
+            if turn.last_answer_at is None or event.at > turn.last_answer_at:
+                turn.last_answer_at = event.at
+            if isinstance(event, _Usage):
+                by_model = usage[-1][event.source]
+                by_model[event.model] = by_model.get(event.model, TokenUsage()) + event.usage
+
+    for turn, by_source in zip(turns, usage, strict=True):
+        # Per-response records are exact; token_count deltas cover files (or
+        # turns written by older releases) that have no records.
+        turn.usage_by_model = by_source["record"] or by_source["count"]
+    return turns

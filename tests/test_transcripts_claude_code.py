@@ -1,0 +1,426 @@
+"""Claude Code transcripts -> ParsedThread, and the file-level refusals all transcripts share.
+
+Plain Python (no database): runs with or without the Django plugin.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from replays.transcripts import (
+    LineProblem,
+    TokenUsage,
+    TranscriptError,
+    detect_kind,
+    parse_claude_code,
+    parse_transcript,
+)
+
+FIXTURES = Path(__file__).parent / "fixtures" / "transcripts"
+REAL = FIXTURES / "real"
+EDGE = FIXTURES / "edge"
+SUBAGENT_SESSION = "11111111-2222-4333-8444-555555555555"
+MIB = 1024 * 1024
+
+
+def parse(name: str) -> Any:
+    return parse_transcript(EDGE / name)
+
+
+def at(seconds: float) -> datetime:
+    """Times in the hand-made files: 2026-01-02T03:00:00Z plus ``seconds``."""
+    return datetime(2026, 1, 2, 3, 0, 0, tzinfo=UTC).replace(
+        minute=int(seconds) // 60,
+        second=int(seconds) % 60,
+        microsecond=round((seconds - int(seconds)) * 1_000_000),
+    )
+
+
+# --- real transcripts written by claude 2.1.197 -----------------------------------
+
+
+def real_sessions() -> list[dict[str, Any]]:
+    manifest = REAL / "manifest.json"
+    if not manifest.exists():
+        return []
+    sessions = json.loads(manifest.read_text())["sessions"]
+    return [s for s in sessions if s["kind"] == "claude_code"]
+
+
+@pytest.mark.parametrize("session", real_sessions(), ids=lambda s: s["name"])
+def test_real_transcript_matches_the_manifest(session: dict[str, Any]) -> None:
+    thread = parse_transcript(REAL / session["path"])
+
+    assert thread.kind == "claude_code"
+    assert thread.session_id == session["session_id"]
+    assert thread.cwd == session["cwd"]
+    assert thread.git_branch == session["branch"]
+    assert thread.cli_version == "2.1.197"
+    assert thread.git_commit == ""
+    assert thread.problems == []
+    assert [t.request for t in thread.turns] == [t["request"] for t in session["turns"]]
+    assert thread.title == session["turns"][0]["request"]
+    assert len({t.message_uuid for t in thread.turns}) == len(thread.turns)
+    assert thread.started_at is not None and thread.ended_at is not None
+    for turn, expected in zip(thread.turns, session["turns"], strict=True):
+        expected_usage = {session["model"]: TokenUsage(**expected["usage"])}
+        if "subagent" in expected:
+            # The sub-agent's own model, from <sessionId>/subagents/*.jsonl.
+            for model in expected["subagent"]["models"]:
+                expected_usage[model] = TokenUsage(**expected["subagent"]["usage"])
+        assert turn.usage_by_model == expected_usage, turn.request
+        assert turn.last_answer_at is not None
+        assert thread.started_at <= turn.timestamp <= turn.last_answer_at <= thread.ended_at
+        assert turn.recorded_cost_usd is None  # claude 2.x writes no costUSD
+
+
+def test_real_transcripts_do_stream_one_response_over_several_lines() -> None:
+    # What the usage assertions above rely on: without grouping on (message.id,
+    # requestId) these files would count some responses twice.
+    keys = [
+        (line["message"]["id"], line["requestId"])
+        for session in real_sessions()
+        for line in map(json.loads, (REAL / session["path"]).read_text().splitlines())
+        if line.get("type") == "assistant"
+    ]
+    if not keys:
+        pytest.skip("no real Claude Code transcripts")
+    assert len(set(keys)) < len(keys)
+
+
+def test_real_subagent_usage_is_left_out_when_asked() -> None:
+    with_subagents = [s for s in real_sessions() if s["subagent_paths"]]
+    if not with_subagents:
+        pytest.skip("no real session with a sub-agent")
+    session = with_subagents[0]
+    thread = parse_claude_code(REAL / session["path"], max_bytes=MIB, include_subagents=False)
+    for turn, expected in zip(thread.turns, session["turns"], strict=True):
+        assert turn.usage_by_model == {session["model"]: TokenUsage(**expected["usage"])}
+
+
+# --- hand-made edge cases ------------------------------------------------------------
+
+
+def test_invalid_json_and_non_object_lines_are_reported_and_skipped() -> None:
+    thread = parse("claude_invalid_lines.jsonl")
+
+    assert [p.line_number for p in thread.problems] == [3, 5, 6]
+    assert thread.problems[0].message.startswith("invalid JSON")
+    assert "list, not an object" in thread.problems[1].message
+    assert [t.request for t in thread.turns] == ["Rename foo to bar.", "Now run the tests."]
+    assert thread.turns[0].usage == TokenUsage(10, 20, 100, 5, 0)
+    assert thread.turns[1].usage == TokenUsage(3, 7)
+    assert thread.lines_read == 7  # the blank line 4 is not counted
+
+
+def test_truncated_last_line_is_a_problem_not_a_failure() -> None:
+    thread = parse("claude_truncated_last_line.jsonl")
+
+    assert thread.problems == [
+        LineProblem(3, thread.problems[0].message),
+    ]
+    assert thread.problems[0].message.startswith("truncated last line")
+    assert [t.request for t in thread.turns] == ["Add a README."]
+    assert thread.turns[0].usage == TokenUsage(input_tokens=4, output_tokens=40)
+
+
+def test_wrong_shaped_lines_are_reported_with_their_line_numbers() -> None:
+    thread = parse("claude_wrong_shapes.jsonl")
+
+    assert [(p.line_number, p.message) for p in thread.problems] == [
+        (2, "assistant line has no message object"),
+        (3, "message.content is neither text nor a list of blocks"),
+        (4, "message.usage is not an object"),
+        (5, "input_tokens is not a number"),
+        (6, "bad timestamp 'yesterday'"),
+        (7, "user line has no timestamp"),
+    ]
+    assert [t.request for t in thread.turns] == ["Fix the bug."]
+    assert thread.turns[0].usage == TokenUsage(input_tokens=2, output_tokens=9)
+
+
+def test_meta_and_command_wrapper_lines_make_no_turns() -> None:
+    thread = parse("claude_only_meta.jsonl")
+
+    assert thread.kind == "claude_code"
+    assert thread.turns == []
+    assert thread.problems == []
+    assert thread.title == ""
+    assert thread.session_id == SUBAGENT_SESSION
+
+
+def test_compaction_summary_is_not_a_turn_and_its_work_stays_with_the_turn() -> None:
+    thread = parse("claude_compaction.jsonl")
+
+    assert [t.request for t in thread.turns] == [
+        "Make the parser skip bad lines.",
+        "Now add tests for it.",
+    ]
+    assert [t.message_uuid for t in thread.turns] == ["u1", "u3"]
+    # The answer after the compaction (a2) serves the request before it.
+    assert thread.turns[0].usage == TokenUsage(7, 80, 900, 1000, 0)
+    assert thread.turns[0].last_answer_at == at(22)
+    assert thread.title == "Parser hardening"  # the summary line
+
+
+def test_tool_results_are_not_turns() -> None:
+    thread = parse("claude_tool_result.jsonl")
+
+    assert [t.request for t in thread.turns] == ["List the files."]
+    assert thread.turns[0].usage == TokenUsage(
+        input_tokens=4, output_tokens=40, cache_read_tokens=200
+    )
+    assert thread.turns[0].seconds == 4.0
+
+
+def test_streamed_lines_of_one_response_count_once_with_the_largest_usage() -> None:
+    thread = parse("claude_streamed_duplicates.jsonl")
+
+    (turn,) = thread.turns
+    # msg_1/req_1 streamed over three lines: output grew 1 -> 60 -> 120, counted once.
+    # msg_1/req_9 is another response (5 output, 400 cache writes without a split: 5m).
+    # The <synthetic> error line adds nothing.
+    assert turn.usage_by_model == {
+        "claude-sonnet-4-5": TokenUsage(
+            input_tokens=9,
+            output_tokens=125,
+            cache_read_tokens=100,
+            cache_write_5m_tokens=2400,
+            cache_write_1h_tokens=3000,
+        )
+    }
+    assert turn.recorded_cost_usd == 0.035  # largest costUSD per response, summed
+    assert turn.last_answer_at == at(3)  # the synthetic line at 4s is not an answer
+
+
+def test_sidechain_work_counts_toward_the_turn_it_served() -> None:
+    thread = parse("claude_sidechain.jsonl")
+
+    assert [t.request for t in thread.turns] == [
+        "Review the diff with a sub-agent.",
+        "Thanks. Commit it.",
+    ]
+    assert thread.turns[0].usage_by_model == {
+        "claude-sonnet-4-5": TokenUsage(input_tokens=4, output_tokens=40),
+        "claude-haiku-4-5-20251001": TokenUsage(input_tokens=7, output_tokens=70),
+    }
+    assert thread.turns[0].models == ["claude-sonnet-4-5", "claude-haiku-4-5-20251001"]
+    assert thread.turns[1].usage == TokenUsage(input_tokens=1, output_tokens=5)
+
+
+def test_unknown_line_types_are_skipped_silently_and_the_ai_title_wins() -> None:
+    thread = parse("claude_unknown_types.jsonl")
+
+    assert thread.problems == []
+    assert [t.request for t in thread.turns] == ["Add logging."]
+    assert thread.title == "Add structured logging"  # the latest ai-title, over the summary
+    assert thread.lines_read == 10
+
+
+def test_subagent_files_are_placed_in_the_turn_whose_time_window_holds_them() -> None:
+    path = EDGE / "claude_subagents" / f"{SUBAGENT_SESSION}.jsonl"
+    thread = parse_claude_code(path, max_bytes=MIB)
+
+    assert [t.request for t in thread.turns] == [
+        "Write the parser.",
+        "Have a sub-agent review it.",
+        "Commit.",
+    ]
+    assert thread.turns[0].usage == TokenUsage(input_tokens=3, output_tokens=30)
+    # msg_s1 is in the main file (sidechain) and in agent-abc.jsonl: counted once.
+    # agent-broken.jsonl's good line (25s) falls in turn 2's window [10s, 30s).
+    assert thread.turns[1].usage_by_model["claude-haiku-4-5-20251001"] == TokenUsage(
+        input_tokens=4 + 6 + 1 + 7,
+        output_tokens=40 + 60 + 1 + 70,
+        cache_read_tokens=400,
+        cache_write_5m_tokens=100,
+    )
+    assert thread.turns[1].last_answer_at == at(25)
+    assert thread.turns[2].usage == TokenUsage(input_tokens=1, output_tokens=5)
+    assert [(p.line_number, p.message.split(":")[0]) for p in thread.problems] == [
+        (1, f"{SUBAGENT_SESSION}/subagents/agent-broken.jsonl"),
+    ]
+
+
+def test_empty_or_oversized_subagent_files_do_not_cost_the_session(tmp_path: Path) -> None:
+    source = EDGE / "claude_subagents" / f"{SUBAGENT_SESSION}.jsonl"
+    shutil.copy(source, tmp_path / source.name)
+    folder = tmp_path / SUBAGENT_SESSION / "subagents"
+    folder.mkdir(parents=True)
+    (folder / "agent-new.jsonl").write_bytes(b"")  # spawned, nothing written yet
+    (folder / "agent-blank.jsonl").write_bytes(b"\n\n")
+    limit = source.stat().st_size + 100
+    (folder / "agent-huge.jsonl").write_text("x" * (limit + 1))
+
+    thread = parse_claude_code(tmp_path / source.name, max_bytes=limit)
+
+    assert [t.request for t in thread.turns] == [
+        "Write the parser.",
+        "Have a sub-agent review it.",
+        "Commit.",
+    ]
+    assert [(p.line_number, p.message.split(":")[0]) for p in thread.problems] == [
+        (0, f"{SUBAGENT_SESSION}/subagents/agent-huge.jsonl"),  # 0: the whole file
+    ]
+    assert "larger than the limit" in thread.problems[0].message
+
+
+def test_subagents_can_be_left_out() -> None:
+    path = EDGE / "claude_subagents" / f"{SUBAGENT_SESSION}.jsonl"
+    thread = parse_claude_code(path, max_bytes=MIB, include_subagents=False)
+
+    assert thread.turns[1].usage_by_model["claude-haiku-4-5-20251001"] == TokenUsage(
+        input_tokens=4, output_tokens=40
+    )
+    assert thread.problems == []
+
+
+def test_a_repeated_user_line_is_one_turn(tmp_path: Path) -> None:
+    lines = (EDGE / "claude_tool_result.jsonl").read_text().splitlines()
+    # A resumed session can write the same prompt line (same uuid) again.
+    path = tmp_path / "s.jsonl"
+    path.write_text("\n".join([lines[0], *lines, lines[0]]) + "\n")
+
+    thread = parse_transcript(path)
+
+    assert [t.request for t in thread.turns] == ["List the files."]
+
+
+def test_session_id_falls_back_to_the_file_name(tmp_path: Path) -> None:
+    path = tmp_path / "abc-123.jsonl"
+    path.write_text(
+        json.dumps(
+            {
+                "type": "user",
+                "uuid": "u1",
+                "timestamp": "2026-01-02T03:00:00Z",
+                "message": {"role": "user", "content": "Hi"},
+            }
+        )
+        + "\n"
+    )
+
+    thread = parse_transcript(path)
+
+    assert thread.session_id == "abc-123"
+    assert thread.turns[0].timestamp == at(0)
+
+
+def test_first_request_title_is_one_line_of_at_most_120_characters(tmp_path: Path) -> None:
+    request = "x" * 200 + "\nsecond line"
+    path = tmp_path / "long.jsonl"
+    path.write_text(
+        json.dumps(
+            {
+                "type": "user",
+                "uuid": "u1",
+                "sessionId": "s",
+                "timestamp": "2026-01-02T03:00:00Z",
+                "message": {"role": "user", "content": request},
+            }
+        )
+        + "\n"
+    )
+
+    thread = parse_transcript(path)
+
+    assert len(thread.title) == 120
+    assert "\n" not in thread.title
+    assert thread.turns[0].request == request  # the request itself is kept whole
+
+
+# --- refusing whole files (parse_transcript, detect_kind) ----------------------------------
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "not_a_transcript_readme.md",
+        "not_a_transcript_random.json",
+        "not_a_transcript_objects.jsonl",
+    ],
+)
+def test_files_that_are_not_transcripts_are_refused_by_name(name: str) -> None:
+    with pytest.raises(TranscriptError, match=f"{name} is not a Claude Code or Codex transcript"):
+        parse_transcript(EDGE / name)
+
+
+@pytest.mark.parametrize("name", ["empty.jsonl", "blank_lines.jsonl"])
+def test_empty_files_are_refused(name: str) -> None:
+    with pytest.raises(TranscriptError, match=f"{name} is empty"):
+        parse_transcript(EDGE / name)
+
+
+def test_files_larger_than_the_limit_are_refused_before_reading() -> None:
+    path = EDGE / "claude_tool_result.jsonl"
+    with pytest.raises(TranscriptError, match="larger than the limit of 100 bytes"):
+        parse_transcript(path, max_bytes=100)
+    with pytest.raises(TranscriptError, match="larger than the limit"):
+        parse_claude_code(path, max_bytes=100)
+
+
+def test_binary_files_are_refused_as_not_utf8(tmp_path: Path) -> None:
+    path = tmp_path / "picture.png"
+    path.write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\xff\xfe" * 10)
+
+    with pytest.raises(TranscriptError, match="picture.png is not UTF-8 text"):
+        parse_transcript(path)
+
+
+def test_a_line_that_is_not_utf8_inside_a_transcript_is_a_problem(tmp_path: Path) -> None:
+    lines = (EDGE / "claude_tool_result.jsonl").read_bytes().splitlines(keepends=True)
+    path = tmp_path / "s.jsonl"
+    path.write_bytes(b"".join([lines[0], b'{"type": "user", "x": "\xff\xfe"}\n', *lines[1:]]))
+
+    thread = parse_transcript(path)
+
+    assert thread.problems == [LineProblem(2, "line is not UTF-8 text")]
+    assert [t.request for t in thread.turns] == ["List the files."]
+
+
+def test_a_missing_file_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(TranscriptError, match="gone.jsonl cannot be read"):
+        parse_transcript(tmp_path / "gone.jsonl")
+
+
+def test_a_byte_order_mark_and_crlf_line_ends_are_accepted(tmp_path: Path) -> None:
+    text = (EDGE / "claude_tool_result.jsonl").read_text().replace("\n", "\r\n")
+    path = tmp_path / "windows.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + text.encode())
+
+    thread = parse_transcript(path)
+
+    assert thread.problems == []
+    assert [t.request for t in thread.turns] == ["List the files."]
+
+
+def test_detect_kind_reads_claude_files_from_their_first_lines(tmp_path: Path) -> None:
+    assert (
+        detect_kind(EDGE / "claude_compaction.jsonl") == "claude_code"
+    )  # starts with a summary line
+    assert detect_kind(EDGE / "claude_only_meta.jsonl") == "claude_code"
+    # A line of a type newer than the parser still reads as Claude by its ids.
+    path = tmp_path / "future.jsonl"
+    path.write_text('{"type": "hologram", "sessionId": "s", "uuid": "u"}\n')
+    assert detect_kind(path) == "claude_code"
+
+
+def test_parse_claude_code_refuses_a_codex_file() -> None:
+    with pytest.raises(TranscriptError, match="is not a Claude Code transcript"):
+        parse_claude_code(EDGE / "codex_new_format.jsonl", max_bytes=MIB)
+
+
+def test_copying_a_session_without_its_subagents_folder_still_parses(tmp_path: Path) -> None:
+    source = EDGE / "claude_subagents" / f"{SUBAGENT_SESSION}.jsonl"
+    shutil.copy(source, tmp_path / source.name)
+
+    thread = parse_transcript(tmp_path / source.name)
+
+    assert thread.problems == []
+    assert len(thread.turns) == 3
