@@ -272,8 +272,13 @@ class Run(TokenTotals):
     pid = models.PositiveIntegerField(null=True, blank=True)
     # A pid alone does not identify a process after a restart: keep its create time too.
     pid_create_time = models.FloatField(null=True, blank=True)
+    # The agent runs in its own session (process group); kept so a lost coordinator's agent can be killed.
+    agent_pid = models.PositiveIntegerField(null=True, blank=True)
+    agent_pid_create_time = models.FloatField(null=True, blank=True)
     heartbeat_at = models.DateTimeField(null=True, blank=True)
     cancel_requested_at = models.DateTimeField(null=True, blank=True)
+    # The run's folder (configuration, request file, log) and the git worktree inside it.
+    run_dir = models.CharField(max_length=4096, blank=True)
     workspace_path = models.CharField(max_length=4096, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
     claimed_at = models.DateTimeField(null=True, blank=True)
@@ -285,6 +290,7 @@ class Run(TokenTotals):
     failure_code = models.CharField(max_length=30, choices=FailureCode.choices, blank=True, default="")
     failure_message = models.TextField(blank=True)
     diff = models.TextField(blank=True)
+    files_changed = models.PositiveIntegerField(default=0)
     log_tail = models.TextField(blank=True)
     report = models.JSONField(null=True, blank=True)
 

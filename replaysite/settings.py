@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import socket
 from pathlib import Path
 
 import dj_database_url
@@ -38,6 +39,19 @@ def env_int(name: str, default: int, *, minimum: int = 0) -> int:
         number = int(value)
     except ValueError:
         raise ValueError(f"{name} must be a whole number, not {value!r}") from None
+    if number < minimum:
+        raise ValueError(f"{name} must be at least {minimum}, not {number}")
+    return number
+
+
+def env_float(name: str, default: float, *, minimum: float = 0.0) -> float:
+    value = env_str(name)
+    if not value:
+        return default
+    try:
+        number = float(value)
+    except ValueError:
+        raise ValueError(f"{name} must be a number, not {value!r}") from None
     if number < minimum:
         raise ValueError(f"{name} must be at least {minimum}, not {number}")
     return number
@@ -87,6 +101,20 @@ CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
 # --- Limits --------------------------------------------------------------------------
 
 REPLAYS_MAX_PARALLEL_RUNS = env_int("REPLAYS_MAX_PARALLEL_RUNS", 2, minimum=1)
+REPLAYS_MAX_RUNS_PER_HOST = env_int("REPLAYS_MAX_RUNS_PER_HOST", REPLAYS_MAX_PARALLEL_RUNS, minimum=1)
+# This machine's name in Run.host: capacity per host and same-host process checks use it.
+REPLAYS_HOST_NAME = env_str("REPLAYS_HOST_NAME") or socket.gethostname()
+# Coordinators write a heartbeat (and check for cancel) this often; a heartbeat older than
+# the stale limit means the coordinator is gone, whichever machine it ran on.
+REPLAYS_HEARTBEAT_SECONDS = env_float("REPLAYS_HEARTBEAT_SECONDS", 3.0, minimum=0.1)
+REPLAYS_HEARTBEAT_STALE_SECONDS = env_float("REPLAYS_HEARTBEAT_STALE_SECONDS", 60.0, minimum=1.0)
+# A launching run whose coordinator never reported within this time failed to launch.
+REPLAYS_LAUNCH_GRACE_SECONDS = env_float("REPLAYS_LAUNCH_GRACE_SECONDS", 120.0, minimum=1.0)
+# How long a prepare token stays valid.
+REPLAYS_PREPARE_TOKEN_SECONDS = env_int("REPLAYS_PREPARE_TOKEN_SECONDS", 300, minimum=1)
+REPLAYS_DEFAULT_TIMEOUT_SECONDS = env_int("REPLAYS_DEFAULT_TIMEOUT_SECONDS", 1200, minimum=1)
+# Keep run worktrees after the diff is stored (they are removed by default).
+REPLAYS_KEEP_WORKSPACES = env_bool("REPLAYS_KEEP_WORKSPACES", False)
 # Largest transcript file the importer reads (bytes).
 REPLAYS_MAX_TRANSCRIPT_BYTES = env_int(
     "REPLAYS_MAX_TRANSCRIPT_BYTES", 50 * 1024 * 1024, minimum=1024
