@@ -6,6 +6,7 @@ broker. DATABASE_URL and REDIS_URL switch to PostgreSQL and Redis.
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import socket
@@ -122,6 +123,27 @@ REPLAYS_MAX_TRANSCRIPT_BYTES = env_int(
 # Requests can carry a pasted log or spec: bodies up to 2 MiB, uploads up to the transcript limit.
 DATA_UPLOAD_MAX_MEMORY_SIZE = 2 * 1024 * 1024 + 64 * 1024
 FILE_UPLOAD_MAX_MEMORY_SIZE = 2 * 1024 * 1024
+
+# Named agents that can run a replay (besides the built-in baselines `historical` and
+# `empty`): {"name": {"kind": "command", "command": [...], "models": [...], "env": {...}}}.
+# A model id names its agent: "name:model". Read from the JSON file REPLAYS_AGENTS_FILE.
+REPLAYS_AGENTS_FILE = env_str("REPLAYS_AGENTS_FILE")
+
+
+def _agents() -> dict[str, dict[str, object]]:
+    if not REPLAYS_AGENTS_FILE:
+        return {}
+    path = Path(REPLAYS_AGENTS_FILE).expanduser()
+    try:
+        agents = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"REPLAYS_AGENTS_FILE {path}: {exc}") from None
+    if not isinstance(agents, dict):
+        raise ValueError(f"REPLAYS_AGENTS_FILE {path}: must hold a JSON object of named agents")
+    return agents
+
+
+REPLAYS_AGENTS = _agents()
 
 # --- Application ---------------------------------------------------------------------
 
