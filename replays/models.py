@@ -19,7 +19,9 @@ MAX_MODELS_PER_PLAN = 8
 MAX_THREADS_PER_PLAN = 12
 
 
-def _choices_check(field: str, choices: type[models.TextChoices], name: str) -> models.CheckConstraint:
+def _choices_check(
+    field: str, choices: type[models.TextChoices], name: str
+) -> models.CheckConstraint:
     return models.CheckConstraint(condition=Q(**{f"{field}__in": choices.values}), name=name)
 
 
@@ -88,7 +90,10 @@ class Thread(TokenTotals):
     models_used = models.JSONField(default=list, blank=True)
     seconds = models.FloatField(null=True, blank=True)
     imported_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
         related_name="imported_threads",
     )
     imported_at = models.DateTimeField(default=timezone.now)
@@ -98,11 +103,16 @@ class Thread(TokenTotals):
         ordering = [F("started_at").desc(nulls_last=True), "-id"]
         constraints = [
             # A session is imported once per tool: re-import updates it in place.
-            models.UniqueConstraint(fields=["source_kind", "session_id"], name="thread_unique_session"),
+            models.UniqueConstraint(
+                fields=["source_kind", "session_id"], name="thread_unique_session"
+            ),
             _choices_check("source_kind", SourceKind, "thread_source_kind_valid"),
-            models.CheckConstraint(condition=Q(source_size__gte=0), name="thread_source_size_gte_0"),
             models.CheckConstraint(
-                condition=Q(started_at__isnull=True) | Q(ended_at__isnull=True)
+                condition=Q(source_size__gte=0), name="thread_source_size_gte_0"
+            ),
+            models.CheckConstraint(
+                condition=Q(started_at__isnull=True)
+                | Q(ended_at__isnull=True)
                 | Q(ended_at__gte=F("started_at")),
                 name="thread_ends_after_start",
             ),
@@ -141,8 +151,9 @@ class Turn(TokenTotals):
             # Turns keep their order; a range names its ends by message uuid.
             models.UniqueConstraint(fields=["thread", "index"], name="turn_unique_index"),
             models.UniqueConstraint(fields=["thread", "message_uuid"], name="turn_unique_message"),
-            models.CheckConstraint(condition=Q(seconds__isnull=True) | Q(seconds__gte=0),
-                                   name="turn_seconds_gte_0"),
+            models.CheckConstraint(
+                condition=Q(seconds__isnull=True) | Q(seconds__gte=0), name="turn_seconds_gte_0"
+            ),
             *_non_negative(TOKEN_FIELDS, "turn"),
         ]
 
@@ -159,7 +170,9 @@ class PlanStatus(models.TextChoices):
 class Plan(models.Model):
     """A prepared configuration waiting for a single-use approval."""
 
-    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="plans")
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="plans"
+    )
     configuration = models.JSONField()
     # sha256 of the normalised configuration: approval must present the same one.
     fingerprint = models.CharField(max_length=SHA256_LENGTH)
@@ -178,7 +191,9 @@ class Plan(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["token_hash"], name="plan_unique_token_hash"),
             _choices_check("status", PlanStatus, "plan_status_valid"),
-            models.CheckConstraint(condition=Q(expires_at__gt=F("created_at")), name="plan_expires_after_creation"),
+            models.CheckConstraint(
+                condition=Q(expires_at__gt=F("created_at")), name="plan_expires_after_creation"
+            ),
         ]
         indexes = [
             # "My plans", newest first.
@@ -201,7 +216,9 @@ class Batch(models.Model):
     """An approved plan. Its runs are created in the same transaction."""
 
     plan = models.ForeignKey(Plan, on_delete=models.PROTECT, related_name="batches")
-    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="batches")
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="batches"
+    )
     models_list = models.JSONField(default=list)
     configuration = models.JSONField(default=dict)
     thread_count = models.PositiveIntegerField()
@@ -224,6 +241,26 @@ class Batch(models.Model):
 
     def __str__(self) -> str:
         return f"Batch {self.pk}"
+
+    def get_absolute_url(self) -> str:
+        return reverse("replays:batch-detail", args=[self.pk])
+
+    @property
+    def finished(self) -> bool:
+        """Every run has ended (completed, failed or cancelled)."""
+        return not self.runs.filter(status__in=ACTIVE_RUN_STATUSES).exists()
+
+    @property
+    def results_ready(self) -> bool:
+        """Final results: every run ended and every completed run has its report."""
+        return (
+            self.finished
+            and not self.runs.filter(status=RunStatus.COMPLETED, report__isnull=True).exists()
+        )
+
+    @property
+    def launch_errors(self) -> models.QuerySet[LaunchError]:
+        return LaunchError.objects.filter(run__batch=self).order_by("id")
 
 
 class RunStatus(models.TextChoices):
@@ -287,7 +324,9 @@ class Run(TokenTotals):
     wall_seconds = models.FloatField(null=True, blank=True)
     model_seconds = models.FloatField(null=True, blank=True)
     exit_code = models.IntegerField(null=True, blank=True)
-    failure_code = models.CharField(max_length=30, choices=FailureCode.choices, blank=True, default="")
+    failure_code = models.CharField(
+        max_length=30, choices=FailureCode.choices, blank=True, default=""
+    )
     failure_message = models.TextField(blank=True)
     diff = models.TextField(blank=True)
     files_changed = models.PositiveIntegerField(default=0)
@@ -387,7 +426,9 @@ class Review(models.Model):
     start_message_uuid = models.CharField(max_length=200)
     end_message_uuid = models.CharField(max_length=200)
     evaluator = models.CharField(max_length=MODEL_ID_LENGTH)
-    status = models.CharField(max_length=20, choices=ReviewStatus.choices, default=ReviewStatus.PENDING)
+    status = models.CharField(
+        max_length=20, choices=ReviewStatus.choices, default=ReviewStatus.PENDING
+    )
     checks = models.JSONField(default=list, blank=True)
     cost_usd = models.DecimalField(max_digits=14, decimal_places=6, null=True, blank=True)
     error = models.TextField(blank=True)
@@ -407,4 +448,3 @@ class Review(models.Model):
 
     def __str__(self) -> str:
         return f"Review of {self.thread} by {self.evaluator}"
-

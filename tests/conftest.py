@@ -63,9 +63,16 @@ def api_client(user: User) -> APIClient:
 def make_thread(db: None) -> Callable[..., Thread]:
     """A thread with `turns` turns, written directly (for page and API tests)."""
 
-    def make(*, title: str = "", turns: int = 2, cwd: str = "/home/alice/project",
-             kind: str = SourceKind.CLAUDE_CODE, cost: Decimal | None = Decimal("0.25"),
-             requests: list[str] | None = None, started_at: datetime | None = None) -> Thread:
+    def make(
+        *,
+        title: str = "",
+        turns: int = 2,
+        cwd: str = "/home/alice/project",
+        kind: str = SourceKind.CLAUDE_CODE,
+        cost: Decimal | None = Decimal("0.25"),
+        requests: list[str] | None = None,
+        started_at: datetime | None = None,
+    ) -> Thread:
         number = next(_sequence)
         start = started_at or datetime(2026, 11, 1, 9, 0, tzinfo=UTC) + timedelta(hours=number)
         thread = Thread.objects.create(
@@ -106,6 +113,7 @@ def make_thread(db: None) -> Callable[..., Thread]:
 
     return make
 
+
 NODE_BIN = Path(__file__).parent / "node" / "node_modules" / ".bin"
 
 
@@ -130,7 +138,54 @@ def process_env(transactional_db: None, settings: Any) -> dict[str, str]:
         url = f"sqlite:///{db['NAME']}"
     else:
         url = f"postgres://{db['USER']}:{db['PASSWORD']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
-    env = {**os.environ, "DATABASE_URL": url, "REPLAYS_VAR_DIR": str(settings.REPLAYS_VAR_DIR),
-           "PYTHONUNBUFFERED": "1"}
+    env = {
+        **os.environ,
+        "DATABASE_URL": url,
+        "REPLAYS_VAR_DIR": str(settings.REPLAYS_VAR_DIR),
+        "PYTHONUNBUFFERED": "1",
+    }
     env.pop("REDIS_URL", None)
     return env
+
+
+MANIFEST_PATH = REAL_TRANSCRIPTS / "manifest.json"
+SAMPLE_BUNDLE = FIXTURES / "repos" / "sample.bundle"
+
+
+@pytest.fixture
+def sample_repo(tmp_path: Path) -> Path:
+    """A clone of the repository the fixture sessions worked in (all their branches)."""
+    import subprocess
+
+    repo = tmp_path / "textstats"
+    subprocess.run(["git", "clone", "-q", str(SAMPLE_BUNDLE), str(repo)], check=True)
+    for branch in ("main", "feature/cli"):
+        subprocess.run(
+            ["git", "-C", str(repo), "branch", "-q", "-f", branch, f"origin/{branch}"],
+            check=False,
+            capture_output=True,
+        )
+    return repo
+
+
+@pytest.fixture
+def real_threads(db: None) -> dict[str, Thread]:
+    """The real fixture sessions imported, by their manifest name."""
+    import json
+
+    from replays import importing
+
+    manifest = json.loads(MANIFEST_PATH.read_text())
+    threads = {}
+    for session in manifest["sessions"]:
+        result = importing.import_transcript_file(path=REAL_TRANSCRIPTS / session["path"])
+        assert result.thread is not None, result.error
+        threads[session["name"]] = result.thread
+    return threads
+
+
+def manifest_session(name: str) -> dict[str, Any]:
+    import json
+
+    manifest = json.loads(MANIFEST_PATH.read_text())
+    return next(session for session in manifest["sessions"] if session["name"] == name)

@@ -14,7 +14,9 @@ from rest_framework.views import exception_handler as drf_exception_handler
 class ApiError(exceptions.APIException):
     """An error with our own code and details, raised by API views."""
 
-    def __init__(self, *, code: str, message: str, status_code: int = 400, details: Any = None) -> None:
+    def __init__(
+        self, *, code: str, message: str, status_code: int = 400, details: Any = None
+    ) -> None:
         super().__init__(detail=message, code=code)
         self.status_code = status_code
         self.error_code = code

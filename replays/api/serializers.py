@@ -33,20 +33,35 @@ class TurnSerializer(serializers.ModelSerializer):
     models = serializers.ListField(source="models_used", child=serializers.CharField())
     tokens = TokensSerializer(source="*")
     cost_usd = serializers.DecimalField(
-        max_digits=14, decimal_places=6, allow_null=True, coerce_to_string=False,
+        max_digits=14,
+        decimal_places=6,
+        allow_null=True,
+        coerce_to_string=False,
         help_text="Null when a model's price is unknown (never reported as 0).",
     )
 
     class Meta:
         model = Turn
-        fields = ["message_uuid", "index", "timestamp", "request", "models", "tokens", "cost_usd", "seconds"]
+        fields = [
+            "message_uuid",
+            "index",
+            "timestamp",
+            "request",
+            "models",
+            "tokens",
+            "cost_usd",
+            "seconds",
+        ]
 
 
 class ThreadSerializer(serializers.ModelSerializer):
     models = serializers.ListField(source="models_used", child=serializers.CharField())
     tokens = TokensSerializer(source="*")
     cost_usd = serializers.DecimalField(
-        max_digits=14, decimal_places=6, allow_null=True, coerce_to_string=False,
+        max_digits=14,
+        decimal_places=6,
+        allow_null=True,
+        coerce_to_string=False,
         help_text="Null when a model's price is unknown (never reported as 0).",
     )
     url = serializers.HyperlinkedIdentityField(view_name="api-thread-detail")
@@ -54,10 +69,28 @@ class ThreadSerializer(serializers.ModelSerializer):
     class Meta:
         model = Thread
         fields = [
-            "id", "url", "source_kind", "session_id", "title", "cwd", "git_branch", "git_commit",
-            "repository_url", "cli_version", "started_at", "ended_at", "turn_count", "models",
-            "tokens", "cost_usd", "seconds", "source_path", "source_sha256", "source_size",
-            "imported_at", "updated_at",
+            "id",
+            "url",
+            "source_kind",
+            "session_id",
+            "title",
+            "cwd",
+            "git_branch",
+            "git_commit",
+            "repository_url",
+            "cli_version",
+            "started_at",
+            "ended_at",
+            "turn_count",
+            "models",
+            "tokens",
+            "cost_usd",
+            "seconds",
+            "source_path",
+            "source_sha256",
+            "source_size",
+            "imported_at",
+            "updated_at",
         ]
 
 
@@ -74,10 +107,159 @@ class LineProblemSerializer(serializers.Serializer):
 
 
 class ThreadImportInputSerializer(serializers.Serializer):
-    file = serializers.FileField(help_text="A Claude Code transcript or a Codex session file (.jsonl).")
+    file = serializers.FileField(
+        help_text="A Claude Code transcript or a Codex session file (.jsonl)."
+    )
 
 
 class ThreadImportOutputSerializer(serializers.Serializer):
     outcome = serializers.ChoiceField(choices=["new", "updated", "unchanged"])
     thread = ThreadDetailSerializer()
     lines_skipped = LineProblemSerializer(many=True)
+
+
+class QuestionChoiceSerializer(serializers.Serializer):
+    commit = serializers.CharField()
+    subject = serializers.CharField()
+    committed_at = serializers.DateTimeField()
+
+
+class QuestionSerializer(serializers.Serializer):
+    thread_id = serializers.IntegerField()
+    field = serializers.CharField(help_text="The configuration key that answers the question.")
+    message = serializers.CharField()
+    choices = QuestionChoiceSerializer(many=True)
+
+
+class PreparationSerializer(serializers.Serializer):
+    thread_id = serializers.IntegerField()
+    repository = serializers.CharField(allow_blank=True)
+    baseline_commit = serializers.CharField(allow_blank=True)
+    ending_commit = serializers.CharField(allow_blank=True)
+    historical_result_sha256 = serializers.CharField(allow_blank=True)
+    prepared_configuration_sha256 = serializers.DictField(child=serializers.CharField())
+    start_message_uuid = serializers.CharField(allow_blank=True)
+    end_message_uuid = serializers.CharField(allow_blank=True)
+    blockers = serializers.ListField(child=serializers.CharField())
+    questions = QuestionSerializer(many=True)
+
+
+class ThreadConfigurationSerializer(serializers.Serializer):
+    thread_id = serializers.IntegerField()
+    start_message_uuid = serializers.CharField(required=False, allow_null=True)
+    end_message_uuid = serializers.CharField(required=False, allow_null=True)
+    request = serializers.CharField(required=False, allow_null=True, help_text="Up to 1 MiB.")
+    repository = serializers.CharField(required=False, allow_null=True)
+    baseline_commit = serializers.CharField(required=False, allow_null=True)
+    ending_commit = serializers.CharField(required=False, allow_null=True)
+    thread_title = serializers.CharField(required=False, allow_null=True)
+
+
+class RunConfigSerializer(serializers.Serializer):
+    """Documentation only: the body is validated by replays.planning."""
+
+    configurations = ThreadConfigurationSerializer(many=True)
+    models = serializers.ListField(child=serializers.CharField(), min_length=1, max_length=8)
+    timeout_seconds = serializers.IntegerField(required=False)
+    verify_command = serializers.CharField(required=False, allow_null=True)
+
+
+class ApprovalPromptSerializer(serializers.Serializer):
+    required = serializers.BooleanField()
+    prompt = serializers.CharField(allow_null=True)
+    prepare_token = serializers.CharField(
+        allow_null=True, help_text="Shown once, only when the plan is ready for approval."
+    )
+
+
+class PlanSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    status = serializers.CharField()
+    ready = serializers.BooleanField()
+    blockers = serializers.ListField(child=serializers.CharField())
+    questions = QuestionSerializer(many=True)
+    preparations = PreparationSerializer(many=True)
+    run_config = RunConfigSerializer()
+    approval = ApprovalPromptSerializer()
+    expires_at = serializers.DateTimeField()
+    batch = serializers.IntegerField(allow_null=True)
+
+
+class ApproveInputSerializer(serializers.Serializer):
+    approved = serializers.BooleanField()
+    prepare_token = serializers.CharField()
+    run_config = RunConfigSerializer()
+
+
+class ThreadRefSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    title = serializers.CharField()
+
+
+class RunSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    batch = serializers.IntegerField(source="batch_id")
+    thread = ThreadRefSerializer()
+    model = serializers.CharField()
+    status = serializers.CharField()
+    phase = serializers.CharField()
+    host = serializers.CharField()
+    created_at = serializers.DateTimeField()
+    claimed_at = serializers.DateTimeField(allow_null=True)
+    started_at = serializers.DateTimeField(allow_null=True)
+    finished_at = serializers.DateTimeField(allow_null=True)
+    cancel_requested_at = serializers.DateTimeField(allow_null=True)
+    wall_seconds = serializers.FloatField(allow_null=True)
+    model_seconds = serializers.FloatField(allow_null=True)
+    exit_code = serializers.IntegerField(allow_null=True)
+    failure_code = serializers.CharField()
+    failure_message = serializers.CharField()
+    files_changed = serializers.IntegerField()
+    tokens = TokensSerializer(source="*")
+    cost_usd = serializers.DecimalField(
+        max_digits=14, decimal_places=6, allow_null=True, coerce_to_string=False
+    )
+
+
+class RunDetailSerializer(RunSerializer):
+    configuration = serializers.JSONField()
+    log_tail = serializers.CharField()
+    report = serializers.JSONField(allow_null=True)
+
+
+class LaunchErrorSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    run = serializers.IntegerField(source="run_id")
+    code = serializers.CharField()
+    message = serializers.CharField()
+    host = serializers.CharField()
+    created_at = serializers.DateTimeField()
+
+
+class BatchSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    plan = serializers.IntegerField(source="plan_id")
+    models = serializers.ListField(source="models_list", child=serializers.CharField())
+    thread_count = serializers.IntegerField()
+    approved_at = serializers.DateTimeField()
+    finished = serializers.BooleanField(help_text="Every run has ended.")
+    results_ready = serializers.BooleanField(
+        help_text="Every run ended and every completed run has its report."
+    )
+    runs = RunSerializer(many=True)
+    launch_errors = LaunchErrorSerializer(many=True)
+
+
+class ApprovalSerializer(serializers.Serializer):
+    batch = BatchSerializer()
+    runs = RunSerializer(many=True)
+    launch_errors = LaunchErrorSerializer(many=True)
+    idempotent = serializers.BooleanField()
+
+
+class ModelInfoSerializer(serializers.Serializer):
+    id = serializers.CharField()
+    label = serializers.CharField()
+    agent = serializers.CharField()
+    available = serializers.BooleanField()
+    reason = serializers.CharField(allow_blank=True)

@@ -6,4 +6,13 @@ urlpatterns = [
     path("threads/", views.ThreadListView.as_view(), name="api-thread-list"),
     path("threads/import", views.ThreadImportView.as_view(), name="api-thread-import"),
     path("threads/<int:pk>/", views.ThreadDetailView.as_view(), name="api-thread-detail"),
+    path("plans/", views.PlanCreateView.as_view(), name="api-plan-create"),
+    path("plans/<int:pk>/", views.PlanDetailView.as_view(), name="api-plan-detail"),
+    path("plans/<int:pk>/approve", views.PlanApproveView.as_view(), name="api-plan-approve"),
+    path("batches/<int:pk>/", views.BatchDetailView.as_view(), name="api-batch-detail"),
+    path("batches/<int:pk>/cancel", views.BatchCancelView.as_view(), name="api-batch-cancel"),
+    path("runs/<int:pk>/", views.RunDetailView.as_view(), name="api-run-detail"),
+    path("runs/<int:pk>/cancel", views.RunCancelView.as_view(), name="api-run-cancel"),
+    path("runs/<int:pk>/diff", views.RunDiffView.as_view(), name="api-run-diff"),
+    path("models/", views.ModelListView.as_view(), name="api-models"),
 ]

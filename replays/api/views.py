@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 from django.db.models import Exists, OuterRef, Q, QuerySet
+from django.http import HttpResponse
+from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import generics, status
 from rest_framework.parsers import MultiPartParser
@@ -8,15 +10,22 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from replays import importing
+from replays import agents, approval, dispatch, importing, planning
 from replays.api.errors import ApiError
 from replays.api.serializers import (
+    ApprovalSerializer,
+    ApproveInputSerializer,
+    BatchSerializer,
+    ModelInfoSerializer,
+    PlanSerializer,
+    RunConfigSerializer,
+    RunDetailSerializer,
     ThreadDetailSerializer,
     ThreadImportInputSerializer,
     ThreadImportOutputSerializer,
     ThreadSerializer,
 )
-from replays.models import Thread, Turn
+from replays.models import Batch, Plan, PlanStatus, Run, Thread, Turn
 
 
 def search_threads(queryset: QuerySet[Thread], text: str) -> QuerySet[Thread]:
@@ -35,7 +44,9 @@ class ThreadListView(generics.ListAPIView):
         return search_threads(Thread.objects.all(), self.request.query_params.get("search", ""))
 
     @extend_schema(
-        parameters=[OpenApiParameter("search", str, description="Text in the title, folder or a request.")]
+        parameters=[
+            OpenApiParameter("search", str, description="Text in the title, folder or a request.")
+        ]
     )
     def get(self, request: Request, *args: object, **kwargs: object) -> Response:
         return super().get(request, *args, **kwargs)
@@ -52,8 +63,12 @@ class ThreadImportView(APIView):
     @extend_schema(
         request={"multipart/form-data": ThreadImportInputSerializer},
         responses={
-            201: OpenApiResponse(ThreadImportOutputSerializer, description="New or changed thread."),
-            200: OpenApiResponse(ThreadImportOutputSerializer, description="Unchanged: nothing written."),
+            201: OpenApiResponse(
+                ThreadImportOutputSerializer, description="New or changed thread."
+            ),
+            200: OpenApiResponse(
+                ThreadImportOutputSerializer, description="Unchanged: nothing written."
+            ),
             400: OpenApiResponse(description="Not a transcript."),
             413: OpenApiResponse(description="Larger than the transcript limit."),
         },
@@ -71,7 +86,9 @@ class ThreadImportView(APIView):
                 f"{limit / (1024 * 1024):.1f} MiB.",
                 details={"size": upload.size, "limit": limit},
             )
-        result = importing.import_uploaded_transcript(upload=upload, filename=upload.name, user=request.user)
+        result = importing.import_uploaded_transcript(
+            upload=upload, filename=upload.name, user=request.user
+        )
         if result.outcome == "failed":
             raise ApiError(code="not_a_transcript", message=result.error)
         thread = Thread.objects.prefetch_related("turns").get(pk=result.thread.pk)
@@ -81,3 +98,143 @@ class ThreadImportView(APIView):
         ).data
         code = status.HTTP_200_OK if result.outcome == "unchanged" else status.HTTP_201_CREATED
         return Response(body, status=code)
+
+
+# --- Plans, batches, runs ------------------------------------------------------------------
+
+
+def _plan_body(plan: Plan, *, prepare_token: str | None = None) -> dict[str, object]:
+    ready = plan.status == PlanStatus.READY_FOR_APPROVAL
+    batch = plan.batch
+    return {
+        "id": plan.pk,
+        "status": plan.status,
+        "ready": ready,
+        "blockers": plan.blockers,
+        "questions": plan.questions,
+        "preparations": plan.preparations,
+        "run_config": plan.configuration,
+        "approval": {
+            "required": True,
+            "prompt": plan.approval_prompt or None,
+            "prepare_token": prepare_token,
+        },
+        "expires_at": plan.expires_at,
+        "batch": batch.pk if batch else None,
+    }
+
+
+def runs_visible_to(user: object) -> QuerySet[Run]:
+    runs = Run.objects.select_related("thread", "batch")
+    return runs if user.is_staff else runs.filter(batch__owner=user)
+
+
+def batches_visible_to(user: object) -> QuerySet[Batch]:
+    return Batch.objects.all() if user.is_staff else Batch.objects.filter(owner=user)
+
+
+class PlanCreateView(APIView):
+    @extend_schema(request=RunConfigSerializer, responses={201: PlanSerializer})
+    def post(self, request: Request) -> Response:
+        try:
+            prepared = planning.prepare_plan(owner=request.user, raw_configuration=request.data)
+        except (planning.PlanInputError, planning.PrepareConflict) as exc:
+            raise ApiError(
+                code=exc.code, message=exc.message, status_code=exc.status, details=exc.details
+            ) from None
+        body = _plan_body(prepared.plan, prepare_token=prepared.prepare_token)
+        return Response(PlanSerializer(body).data, status=status.HTTP_201_CREATED)
+
+
+class PlanDetailView(APIView):
+    @extend_schema(responses={200: PlanSerializer})
+    def get(self, request: Request, pk: int) -> Response:
+        plan = get_object_or_404(approval.plans_visible_to(request.user), pk=pk)
+        return Response(PlanSerializer(_plan_body(plan)).data)
+
+
+def approval_body(result: approval.ApprovalResult) -> dict[str, object]:
+    return ApprovalSerializer(
+        {
+            "batch": result.batch,
+            "runs": result.runs,
+            "launch_errors": result.launch_errors,
+            "idempotent": result.idempotent,
+        }
+    ).data
+
+
+class PlanApproveView(APIView):
+    @extend_schema(
+        request=ApproveInputSerializer,
+        responses={201: ApprovalSerializer, 200: ApprovalSerializer},
+        description="First approval: 201 with the new batch. The same approval again: 200 with "
+        "the same batch and idempotent=true.",
+    )
+    def post(self, request: Request, pk: int) -> Response:
+        data = request.data if isinstance(request.data, dict) else {}
+        try:
+            result = approval.approve_plan(
+                plan_id=pk,
+                user=request.user,
+                approved=data.get("approved"),
+                prepare_token=data.get("prepare_token"),
+                run_config=data.get("run_config"),
+            )
+        except approval.ApprovalError as exc:
+            raise ApiError(
+                code=exc.code, message=exc.message, status_code=exc.status, details=exc.details
+            ) from None
+        code = status.HTTP_200_OK if result.idempotent else status.HTTP_201_CREATED
+        return Response(approval_body(result), status=code)
+
+
+class BatchDetailView(APIView):
+    @extend_schema(responses={200: BatchSerializer})
+    def get(self, request: Request, pk: int) -> Response:
+        batch = get_object_or_404(batches_visible_to(request.user), pk=pk)
+        return Response(BatchSerializer(batch).data)
+
+
+class BatchCancelView(APIView):
+    @extend_schema(request=None, responses={200: BatchSerializer})
+    def post(self, request: Request, pk: int) -> Response:
+        batch = get_object_or_404(batches_visible_to(request.user), pk=pk)
+        batch = dispatch.cancel_batch(batch=batch)
+        return Response(BatchSerializer(batch).data)
+
+
+class RunDetailView(APIView):
+    @extend_schema(responses={200: RunDetailSerializer})
+    def get(self, request: Request, pk: int) -> Response:
+        run = get_object_or_404(runs_visible_to(request.user), pk=pk)
+        return Response(RunDetailSerializer(run).data)
+
+
+class RunCancelView(APIView):
+    @extend_schema(request=None, responses={200: RunDetailSerializer})
+    def post(self, request: Request, pk: int) -> Response:
+        run = get_object_or_404(runs_visible_to(request.user), pk=pk)
+        run = dispatch.cancel_run(run=run)
+        return Response(RunDetailSerializer(run).data)
+
+
+class RunDiffView(APIView):
+    @extend_schema(
+        responses={
+            (200, "text/plain"): OpenApiResponse(
+                str, description="Unified diff against the baseline."
+            )
+        }
+    )
+    def get(self, request: Request, pk: int) -> HttpResponse:
+        run = get_object_or_404(runs_visible_to(request.user), pk=pk)
+        response = HttpResponse(run.diff, content_type="text/plain; charset=utf-8")
+        response["Content-Disposition"] = f'inline; filename="run-{run.pk}.diff"'
+        return response
+
+
+class ModelListView(APIView):
+    @extend_schema(responses={200: ModelInfoSerializer(many=True)})
+    def get(self, request: Request) -> Response:
+        return Response(ModelInfoSerializer(agents.discover_models(), many=True).data)

@@ -1,0 +1,228 @@
+"""Approve: consume a ready Plan once, creating its Batch and every Run in one transaction.
+
+The database decides single use: Batch has a unique constraint on its plan, so two
+approvals racing create one batch and both callers get it.
+"""
+
+from __future__ import annotations
+
+import hmac
+from dataclasses import dataclass
+from typing import Any
+
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from replays import planning
+from replays.models import Batch, LaunchError, Plan, PlanStatus, Run, Thread
+
+CONFIGURATION_CHANGED = "The approved configuration changed. Prepare and approve it again."
+
+
+class ApprovalError(Exception):
+    def __init__(self, message: str, *, code: str, status: int, details: Any = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code
+        self.status = status
+        self.details = details
+
+
+@dataclass
+class ApprovalResult:
+    batch: Batch
+    runs: list[Run]
+    launch_errors: list[LaunchError]
+    idempotent: bool
+
+
+def plans_visible_to(user: AbstractBaseUser) -> Any:
+    return Plan.objects.all() if user.is_staff else Plan.objects.filter(owner=user)
+
+
+def approve_plan(
+    *, plan_id: int, user: AbstractBaseUser, approved: Any, prepare_token: Any, run_config: Any
+) -> ApprovalResult:
+    if approved is not True:
+        raise ApprovalError(
+            "Nothing runs without an explicit approval: send approved: true.",
+            code="approval_required",
+            status=400,
+        )
+    if not isinstance(prepare_token, str) or not prepare_token:
+        raise ApprovalError("prepare_token is required.", code="token_required", status=400)
+    plan = plans_visible_to(user).filter(pk=plan_id).first()
+    if plan is None:
+        raise ApprovalError(f"Plan {plan_id} not found.", code="not_found", status=404)
+    token_hash = planning.hash_token(prepare_token)
+    if not hmac.compare_digest(token_hash, plan.token_hash):
+        if Plan.objects.filter(token_hash=token_hash).exists():
+            raise ApprovalError(
+                "This prepare token belongs to another plan.", code="foreign_token", status=403
+            )
+        raise ApprovalError("Unknown prepare token.", code="unknown_token", status=403)
+    try:
+        given = planning.normalise_configuration(run_config)
+    except planning.PlanInputError as exc:
+        raise ApprovalError(
+            CONFIGURATION_CHANGED,
+            code="configuration_changed",
+            status=409,
+            details={"reason": exc.message},
+        ) from None
+    if planning.fingerprint(given) != plan.fingerprint:
+        raise ApprovalError(CONFIGURATION_CHANGED, code="configuration_changed", status=409)
+
+    existing = plan.batch
+    if existing is not None:
+        # The same approval again (a retry, a restart): the same batch, nothing new.
+        return _result(existing, idempotent=True)
+    if plan.is_expired:
+        raise ApprovalError(
+            "The prepare token expired. Prepare the plan again.", code="token_expired", status=410
+        )
+    if plan.status != PlanStatus.READY_FOR_APPROVAL:
+        raise ApprovalError(
+            f"The plan is {plan.get_status_display().lower()}: it cannot be approved.",
+            code="plan_not_ready",
+            status=409,
+            details={"blockers": plan.blockers, "questions": plan.questions},
+        )
+    changes = protected_input_changes(plan)
+    if changes:
+        raise ApprovalError(
+            "Inputs changed since prepare: "
+            + "; ".join(c["message"] for c in changes)
+            + ". Prepare and approve it again.",
+            code="protected_input_changed",
+            status=409,
+            details={"changes": changes},
+        )
+    return _create_batch(plan)
+
+
+def protected_input_changes(plan: Plan) -> list[dict[str, Any]]:
+    """Resolve every thread again (git, files) and name what differs from prepare."""
+    configuration = plan.configuration
+    threads = Thread.objects.in_bulk(
+        [item["thread_id"] for item in configuration["configurations"]]
+    )
+    changes: list[dict[str, Any]] = []
+    labels = {
+        "transcript_sha256": "the transcript",
+        "repository": "the repository",
+        "baseline_commit": "the baseline commit",
+        "ending_commit": "the ending commit",
+        "historical_result_sha256": "the historical result",
+        "verify_files": "the verify command's files",
+    }
+    for item, prepared in zip(configuration["configurations"], plan.preparations, strict=True):
+        thread = threads.get(item["thread_id"])
+        if thread is None:
+            changes.append(
+                {
+                    "thread_id": item["thread_id"],
+                    "input": "thread",
+                    "message": f"thread {item['thread_id']} was deleted",
+                }
+            )
+            continue
+        try:
+            now = planning.resolve_thread(
+                thread, item, verify_command=configuration["verify_command"]
+            )
+        except planning.PlanInputError as exc:
+            changes.append({"thread_id": thread.pk, "input": "thread", "message": exc.message})
+            continue
+        current = now.protected_inputs()
+        for key, label in labels.items():
+            if current[key] != prepared.get(key):
+                changes.append(
+                    {
+                        "thread_id": thread.pk,
+                        "input": key,
+                        "message": f"{label} of thread {thread.pk} changed",
+                    }
+                )
+    return changes
+
+
+def run_configuration(
+    plan: Plan,
+    prepared: dict[str, Any],
+    item: dict[str, Any],
+    model: str,
+    thread: Thread,
+    request: str,
+) -> dict[str, Any]:
+    """The exact configuration one member runs with (also written into its run folder)."""
+    return {
+        "plan_id": plan.pk,
+        "thread_id": thread.pk,
+        "thread_title": item["thread_title"] or thread.title,
+        "model": model,
+        "repository": prepared["repository"],
+        "baseline_commit": prepared["baseline_commit"],
+        "ending_commit": prepared["ending_commit"],
+        "historical_result_sha256": prepared["historical_result_sha256"],
+        "start_message_uuid": prepared["start_message_uuid"],
+        "end_message_uuid": prepared["end_message_uuid"],
+        "request": request,
+        "timeout_seconds": plan.configuration["timeout_seconds"],
+        "verify_command": plan.configuration["verify_command"],
+        "prepared_configuration_sha256": prepared["prepared_configuration_sha256"][model],
+    }
+
+
+def _create_batch(plan: Plan) -> ApprovalResult:
+    configuration = plan.configuration
+    threads = Thread.objects.in_bulk(
+        [item["thread_id"] for item in configuration["configurations"]]
+    )
+    requests = planning.plan_requests(plan)
+    try:
+        with transaction.atomic():
+            batch = Batch.objects.create(
+                plan=plan,
+                owner=plan.owner,
+                models_list=configuration["models"],
+                configuration=configuration,
+                thread_count=len(configuration["configurations"]),
+                approved_at=timezone.now(),
+            )
+            runs = []
+            for item, prepared in zip(
+                configuration["configurations"], plan.preparations, strict=True
+            ):
+                thread = threads[item["thread_id"]]
+                for model in configuration["models"]:
+                    config = run_configuration(
+                        plan, prepared, item, model, thread, requests[thread.pk]
+                    )
+                    config["batch_id"] = batch.pk
+                    runs.append(Run(batch=batch, thread=thread, model=model, configuration=config))
+            # Membership is durable before anything starts: every run exists when the batch does.
+            Run.objects.bulk_create(runs)
+            transaction.on_commit(_request_dispatch)
+    except IntegrityError:
+        # Another approval of the same plan won the race: hand back its batch.
+        batch = Batch.objects.filter(plan=plan).first()
+        if batch is None:
+            raise
+        return _result(batch, idempotent=True)
+    return _result(batch, idempotent=False)
+
+
+def _request_dispatch() -> None:
+    from replays import dispatch
+
+    dispatch.request_dispatch()
+
+
+def _result(batch: Batch, *, idempotent: bool) -> ApprovalResult:
+    runs = list(batch.runs.select_related("thread").order_by("id"))
+    launch_errors = list(LaunchError.objects.filter(run__batch=batch).order_by("id"))
+    return ApprovalResult(
+        batch=batch, runs=runs, launch_errors=launch_errors, idempotent=idempotent
+    )

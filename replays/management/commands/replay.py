@@ -1,0 +1,270 @@
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Any
+
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import AbstractBaseUser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.serializers.json import DjangoJSONEncoder
+
+from replays import approval, planning
+from replays.api.serializers import BatchSerializer
+from replays.models import Batch, PlanStatus, Run
+from replays.formatting import duration, usd
+
+POLL_SECONDS = 1.0
+
+
+class Command(BaseCommand):
+    help = (
+        "Replay a thread (or a range of its requests) with one or more models: prepare, "
+        "show the approval prompt, approve, and optionally follow the runs until they end."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--thread",
+            type=int,
+            action="append",
+            dest="threads",
+            default=[],
+            help="Thread id (repeat for several threads: whole threads are replayed).",
+        )
+        parser.add_argument("--from", dest="start", help="Message uuid of the first request.")
+        parser.add_argument("--to", dest="end", help="Message uuid of the last request.")
+        parser.add_argument(
+            "--model",
+            action="append",
+            dest="models",
+            default=[],
+            help="Model id, e.g. historical, empty, codex:gpt-5.5 (repeat).",
+        )
+        parser.add_argument("--timeout", type=int, help="Seconds each run may take.")
+        parser.add_argument(
+            "--repository", help="The git repository (when the thread's folder is not one)."
+        )
+        parser.add_argument("--baseline", help="Baseline commit (answers a baseline question).")
+        parser.add_argument("--ending", help="Ending commit (answers an ending question).")
+        parser.add_argument("--request", help="Replace the request text.")
+        parser.add_argument("--verify-command", help="A command that checks a run's result.")
+        parser.add_argument("--user", help="Who owns the plan (default: the only superuser).")
+        parser.add_argument("--yes", action="store_true", help="Approve without asking.")
+        parser.add_argument("--wait", action="store_true", help="Follow the runs until they end.")
+        parser.add_argument("--follow", type=int, metavar="BATCH", help="Follow an approved batch.")
+        parser.add_argument("--json", action="store_true", help="Print JSON instead of text.")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        self.as_json = options["json"]
+        if options["follow"]:
+            batch = Batch.objects.filter(pk=options["follow"]).first()
+            if batch is None:
+                raise CommandError(f"Batch {options['follow']} not found.")
+            self.follow(batch)
+            return
+        if not options["threads"]:
+            raise CommandError("Give --thread ID (and at least one --model).")
+        if not options["models"]:
+            raise CommandError("Give at least one --model (for example --model historical).")
+        if self.as_json and not options["yes"]:
+            raise CommandError("--json needs --yes: there is no prompt to answer.")
+        user = self.owner(options["user"])
+        configuration = self.configuration(options)
+        try:
+            prepared = planning.prepare_plan(owner=user, raw_configuration=configuration)
+        except (planning.PlanInputError, planning.PrepareConflict) as exc:
+            raise CommandError(exc.message) from None
+        plan = prepared.plan
+        if plan.status != PlanStatus.READY_FOR_APPROVAL:
+            self.explain_unready(plan)
+            raise CommandError(f"Plan {plan.pk} is {plan.get_status_display().lower()}.")
+        if not self.as_json:
+            self.stdout.write(self.describe(plan))
+        if not options["yes"] and not self.confirm(plan.approval_prompt):
+            self.stdout.write("Not approved. Nothing runs.")
+            return
+        try:
+            result = approval.approve_plan(
+                plan_id=plan.pk,
+                user=user,
+                approved=True,
+                prepare_token=prepared.prepare_token,
+                run_config=plan.configuration,
+            )
+        except approval.ApprovalError as exc:
+            raise CommandError(exc.message) from None
+        batch = result.batch
+        if not self.as_json:
+            self.stdout.write(
+                self.style.SUCCESS(f"Approved: batch {batch.pk} with {len(result.runs)} runs.")
+            )
+        if options["wait"]:
+            self.follow(batch)
+        elif self.as_json:
+            self.print_json(batch)
+        else:
+            self.stdout.write(f"Follow it with: python manage.py replay --follow {batch.pk}")
+
+    # --- steps ---------------------------------------------------------------------------
+
+    def owner(self, username: str | None) -> AbstractBaseUser:
+        users = get_user_model().objects
+        if username:
+            user = users.filter(username=username).first()
+            if user is None:
+                raise CommandError(f"No user named {username}.")
+            return user
+        superusers = list(users.filter(is_superuser=True, is_active=True)[:2])
+        if len(superusers) != 1:
+            raise CommandError(
+                "Say who owns the plan with --user NAME "
+                "(or create one superuser: manage.py createsuperuser)."
+            )
+        return superusers[0]
+
+    def configuration(self, options: dict[str, Any]) -> dict[str, Any]:
+        items = []
+        for thread_id in options["threads"]:
+            item: dict[str, Any] = {"thread_id": thread_id}
+            for key, option in [
+                ("start_message_uuid", "start"),
+                ("end_message_uuid", "end"),
+                ("repository", "repository"),
+                ("baseline_commit", "baseline"),
+                ("ending_commit", "ending"),
+                ("request", "request"),
+            ]:
+                if options[option] is not None:
+                    item[key] = options[option]
+            items.append(item)
+        configuration: dict[str, Any] = {"configurations": items, "models": options["models"]}
+        if options["timeout"] is not None:
+            configuration["timeout_seconds"] = options["timeout"]
+        if options["verify_command"]:
+            configuration["verify_command"] = options["verify_command"]
+        return configuration
+
+    def describe(self, plan: Any) -> str:
+        lines = [f"Plan {plan.pk}: ready for approval."]
+        for prep in plan.preparations:
+            lines.append(
+                f"  thread {prep['thread_id']}: {prep['repository']} "
+                f"{prep['baseline_commit'][:12]}..{prep['ending_commit'][:12]}"
+            )
+        lines.append(f"  models: {', '.join(plan.configuration['models'])}")
+        return "\n".join(lines)
+
+    def explain_unready(self, plan: Any) -> None:
+        if self.as_json:
+            self.stdout.write(
+                json.dumps(
+                    {
+                        "plan": plan.pk,
+                        "status": plan.status,
+                        "blockers": plan.blockers,
+                        "questions": plan.questions,
+                    },
+                    indent=2,
+                )
+            )
+            return
+        for blocker in plan.blockers:
+            self.stderr.write(self.style.ERROR(f"Blocked: {blocker}"))
+        for question in plan.questions:
+            self.stderr.write(self.style.WARNING(f"Question: {question['message']}"))
+            option = {
+                "baseline_commit": "--baseline",
+                "ending_commit": "--ending",
+                "repository": "--repository",
+            }.get(question["field"], question["field"])
+            for choice in question["choices"]:
+                self.stderr.write(
+                    f"    {option} {choice['commit'][:12]}  {choice['committed_at'][:19]}  "
+                    f"{choice['subject'][:60]}"
+                )
+
+    def confirm(self, prompt: str) -> bool:
+        if not sys.stdin.isatty():
+            raise CommandError(f"{prompt} Pass --yes to approve when there is no terminal to ask.")
+        answer = input(f"{prompt} [y/N] ").strip().lower()
+        return answer in {"y", "yes"}
+
+    def follow(self, batch: Batch) -> None:
+        if self.as_json:
+            self.wait_quietly(batch)
+            self.print_json(batch)
+            self.fail_if_unfinished(batch)
+            return
+        live = self.stdout.isatty()
+        shown: dict[int, str] = {}
+        try:
+            while True:
+                runs = list(batch.runs.select_related("thread").order_by("id"))
+                if live:
+                    self.draw_live(runs, len(shown))
+                    shown = {run.pk: "" for run in runs}
+                else:
+                    for run in runs:
+                        state = f"{run.status}/{run.phase}"
+                        if shown.get(run.pk) != state:
+                            shown[run.pk] = state
+                            self.stdout.write(
+                                f"run {run.pk} {run.model}: {run.get_status_display().lower()}"
+                                f" ({run.get_phase_display().lower()})"
+                            )
+                if all(run.is_finished for run in runs):
+                    break
+                time.sleep(POLL_SECONDS)
+        except KeyboardInterrupt:
+            self.stdout.write("")
+            self.stdout.write(
+                f"Detached; the runs go on. Follow: python manage.py replay --follow {batch.pk}   "
+                f"Cancel: python manage.py cancel_runs --batch {batch.pk}"
+            )
+            return
+        self.stdout.write(self.table(list(batch.runs.select_related("thread").order_by("id"))))
+        self.fail_if_unfinished(batch)
+
+    def wait_quietly(self, batch: Batch) -> None:
+        while not batch.finished:
+            time.sleep(POLL_SECONDS)
+
+    def draw_live(self, runs: list[Run], previous_lines: int) -> None:
+        if previous_lines:
+            self.stdout.write(f"\x1b[{previous_lines}F", ending="")
+        for run in runs:
+            elapsed = run.wall_seconds
+            if elapsed is None and run.started_at:
+                from django.utils import timezone
+
+                elapsed = (timezone.now() - run.started_at).total_seconds()
+            self.stdout.write(
+                f"\x1b[2K  run {run.pk:<5} {run.model[:28]:<28} {run.get_status_display():<10} "
+                f"{run.get_phase_display():<20} {duration(elapsed)}"
+            )
+        self.stdout.flush()
+
+    def table(self, runs: list[Run]) -> str:
+        header = (
+            f"{'model':<28} {'thread':<24} {'status':<10} {'files':>5} {'time':>8} {'cost':>14}"
+        )
+        lines = [header, "-" * len(header)]
+        for run in runs:
+            lines.append(
+                f"{run.model[:28]:<28} {run.thread.title[:24]:<24} {run.status:<10} "
+                f"{run.files_changed:>5} {duration(run.wall_seconds):>8} {usd(run.cost_usd):>14}"
+            )
+            if run.failure_message:
+                lines.append(f"    {run.failure_code}: {run.failure_message.splitlines()[0][:100]}")
+        return "\n".join(lines)
+
+    def print_json(self, batch: Batch) -> None:
+        self.stdout.write(json.dumps(BatchSerializer(batch).data, indent=2, cls=DjangoJSONEncoder))
+
+    def fail_if_unfinished(self, batch: Batch) -> None:
+        runs = list(batch.runs.all())
+        not_completed = [run for run in runs if run.status != "completed"]
+        if not_completed:
+            raise CommandError(f"{len(not_completed)} of {len(runs)} runs did not complete.")

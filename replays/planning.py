@@ -1,0 +1,629 @@
+"""Prepare: validate and normalise a replay configuration, resolve every thread's
+repository, baseline and ending commits and historical result, and store a Plan
+that waits for a single-use approval.
+
+Git and file reads happen before any transaction; the Plan is written at the end.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+import shlex
+import unicodedata
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth.models import AbstractBaseUser
+from django.utils import timezone
+
+from replays import agents, repos
+from replays.importing import file_sha256
+from replays.models import (
+    MAX_MODELS_PER_PLAN,
+    MAX_THREADS_PER_PLAN,
+    MODEL_ID_LENGTH,
+    Plan,
+    PlanStatus,
+    SourceKind,
+    Thread,
+    Turn,
+)
+
+MAX_REQUEST_BYTES = 1024 * 1024
+MAX_PATH_LENGTH = 4096
+MAX_TITLE_LENGTH = 500
+MAX_VERIFY_COMMAND_LENGTH = 4000
+MIN_TIMEOUT_SECONDS = 10
+MAX_TIMEOUT_SECONDS = 24 * 60 * 60
+REQUEST_SEPARATOR = "\n\n---\n\n"
+# Users commit an agent's work right after it finishes: commits this soon after the
+# thread's end still count as its result.
+ENDING_GRACE = timedelta(minutes=10)
+CONFIGURATION_KEYS = {
+    "thread_id",
+    "start_message_uuid",
+    "end_message_uuid",
+    "request",
+    "repository",
+    "baseline_commit",
+    "ending_commit",
+    "thread_title",
+}
+
+
+class PlanInputError(Exception):
+    """The configuration itself is not acceptable (HTTP 400, or 413 for size)."""
+
+    def __init__(
+        self, message: str, *, code: str = "invalid", details: Any = None, status: int = 400
+    ):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.details = details
+        self.status = status
+
+
+class PrepareConflict(Exception):
+    """Models of one thread saw different baselines or historical results (HTTP 409)."""
+
+    def __init__(self, message: str, *, code: str, details: Any = None):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.details = details
+        self.status = 409
+
+
+@dataclass
+class PreparedPlan:
+    plan: Plan
+    prepare_token: str | None  # shown once; None when the plan is not ready for approval
+
+
+@dataclass
+class ThreadPreparation:
+    """What prepare resolved for one thread; compared again at approval."""
+
+    thread_id: int
+    repository: str = ""
+    baseline_commit: str = ""
+    ending_commit: str = ""
+    historical_result_sha256: str = ""
+    transcript_sha256: str = ""
+    verify_files: dict[str, str] = field(default_factory=dict)
+    request: str = ""
+    start_message_uuid: str = ""
+    end_message_uuid: str = ""
+    prepared_configuration_sha256: dict[str, str] = field(default_factory=dict)
+    blockers: list[str] = field(default_factory=list)
+    questions: list[dict[str, Any]] = field(default_factory=list)
+
+    def protected_inputs(self) -> dict[str, Any]:
+        return {
+            "repository": self.repository,
+            "baseline_commit": self.baseline_commit,
+            "ending_commit": self.ending_commit,
+            "historical_result_sha256": self.historical_result_sha256,
+            "transcript_sha256": self.transcript_sha256,
+            "verify_files": self.verify_files,
+        }
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "thread_id": self.thread_id,
+            "repository": self.repository,
+            "baseline_commit": self.baseline_commit,
+            "ending_commit": self.ending_commit,
+            "historical_result_sha256": self.historical_result_sha256,
+            "prepared_configuration_sha256": self.prepared_configuration_sha256,
+            "transcript_sha256": self.transcript_sha256,
+            "verify_files": self.verify_files,
+            "start_message_uuid": self.start_message_uuid,
+            "end_message_uuid": self.end_message_uuid,
+            "blockers": self.blockers,
+            "questions": self.questions,
+        }
+
+
+# --- Normalising -----------------------------------------------------------------------
+
+
+def canonical_json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def fingerprint(configuration: dict[str, Any]) -> str:
+    return hashlib.sha256(canonical_json(configuration).encode()).hexdigest()
+
+
+def hash_token(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def _has_control_characters(text: str) -> bool:
+    return any(unicodedata.category(ch) in {"Cc", "Cf"} for ch in text)
+
+
+def _optional_string(item: dict[str, Any], key: str, *, max_length: int, where: str) -> str | None:
+    value = item.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise PlanInputError(f"{where}: {key} must be a string.", details={"field": key})
+    value = value.strip()
+    if len(value) > max_length:
+        raise PlanInputError(
+            f"{where}: {key} is longer than {max_length} characters.", details={"field": key}
+        )
+    if _has_control_characters(value):
+        raise PlanInputError(f"{where}: {key} contains control characters.", details={"field": key})
+    return value or None
+
+
+def _commit_string(item: dict[str, Any], key: str, *, where: str) -> str | None:
+    value = _optional_string(item, key, max_length=64, where=where)
+    if value is not None and not all(ch in "0123456789abcdefABCDEF" for ch in value):
+        raise PlanInputError(
+            f"{where}: {key} must be a commit id (hexadecimal).", details={"field": key}
+        )
+    return value.lower() if value else None
+
+
+def normalise_models(raw: Any) -> list[str]:
+    if not isinstance(raw, list) or not raw:
+        raise PlanInputError("Choose at least one model.", details={"field": "models"})
+    if len(raw) > MAX_MODELS_PER_PLAN:
+        raise PlanInputError(
+            f"At most {MAX_MODELS_PER_PLAN} models per plan ({len(raw)} given).",
+            details={"field": "models"},
+        )
+    models: list[str] = []
+    for value in raw:
+        if not isinstance(value, str) or not value.strip():
+            raise PlanInputError(
+                "Model ids must be non-blank strings.", details={"field": "models"}
+            )
+        model = value.strip()
+        if len(model) > MODEL_ID_LENGTH or _has_control_characters(model):
+            raise PlanInputError(
+                f"Model id {model[:60]!r} is too long or contains control characters.",
+                details={"field": "models"},
+            )
+        try:
+            model = agents.resolve_model(model).id
+        except agents.UnknownModel as exc:
+            raise PlanInputError(str(exc), code="unknown_model", details={"model": model}) from None
+        if model in models:
+            raise PlanInputError(f"Model {model} is listed twice.", details={"field": "models"})
+        models.append(model)
+    return models
+
+
+def normalise_configuration(raw: Any) -> dict[str, Any]:
+    """The canonical form of a replay configuration; its sha256 is the plan's fingerprint.
+
+    Normalising a normalised configuration gives it back unchanged, so a client can send
+    the `run_config` that prepare returned and get the same fingerprint.
+    """
+    if not isinstance(raw, dict):
+        raise PlanInputError("The configuration must be a JSON object.")
+    unknown = set(raw) - {"configurations", "models", "timeout_seconds", "verify_command"}
+    if unknown:
+        raise PlanInputError(
+            f"Unknown fields: {', '.join(sorted(unknown))}.", details={"fields": sorted(unknown)}
+        )
+    items = raw.get("configurations")
+    if not isinstance(items, list) or not items:
+        raise PlanInputError(
+            "Give at least one thread in `configurations`.", details={"field": "configurations"}
+        )
+    if len(items) > MAX_THREADS_PER_PLAN:
+        raise PlanInputError(
+            f"At most {MAX_THREADS_PER_PLAN} threads per plan ({len(items)} given).",
+            details={"field": "configurations"},
+        )
+    configurations = [_normalise_thread_item(item, index) for index, item in enumerate(items)]
+    thread_ids = [item["thread_id"] for item in configurations]
+    if len(set(thread_ids)) != len(thread_ids):
+        raise PlanInputError(
+            "Each thread may appear once in a plan.", details={"field": "configurations"}
+        )
+    if len(configurations) > 1:
+        for item in configurations:
+            if item["start_message_uuid"] or item["end_message_uuid"] or item["request"]:
+                raise PlanInputError(
+                    "A plan with several threads replays whole threads: give a range or a "
+                    "request only when the plan has one thread.",
+                    details={"thread_id": item["thread_id"]},
+                )
+    timeout = raw.get("timeout_seconds", settings.REPLAYS_DEFAULT_TIMEOUT_SECONDS)
+    if timeout is None:
+        timeout = settings.REPLAYS_DEFAULT_TIMEOUT_SECONDS
+    if (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, int)
+        or not (MIN_TIMEOUT_SECONDS <= timeout <= MAX_TIMEOUT_SECONDS)
+    ):
+        raise PlanInputError(
+            f"timeout_seconds must be a whole number from {MIN_TIMEOUT_SECONDS} to {MAX_TIMEOUT_SECONDS}.",
+            details={"field": "timeout_seconds"},
+        )
+    verify = _optional_string(
+        raw, "verify_command", max_length=MAX_VERIFY_COMMAND_LENGTH, where="verify_command"
+    )
+    return {
+        "configurations": configurations,
+        "models": normalise_models(raw.get("models")),
+        "timeout_seconds": timeout,
+        "verify_command": verify,
+    }
+
+
+def _normalise_thread_item(item: Any, index: int) -> dict[str, Any]:
+    where = f"configurations[{index}]"
+    if not isinstance(item, dict):
+        raise PlanInputError(f"{where} must be an object.")
+    unknown = set(item) - CONFIGURATION_KEYS
+    if unknown:
+        raise PlanInputError(f"{where}: unknown fields {', '.join(sorted(unknown))}.")
+    thread_id = item.get("thread_id")
+    if isinstance(thread_id, bool) or not isinstance(thread_id, int) or thread_id < 1:
+        raise PlanInputError(
+            f"{where}: thread_id must be a thread's id.", details={"field": "thread_id"}
+        )
+    request = item.get("request")
+    if request is not None:
+        if not isinstance(request, str):
+            raise PlanInputError(f"{where}: request must be a string.")
+        if len(request.encode()) > MAX_REQUEST_BYTES:
+            raise PlanInputError(
+                f"{where}: the request is larger than 1 MiB.",
+                code="too_large",
+                status=413,
+                details={"field": "request", "limit": MAX_REQUEST_BYTES},
+            )
+        if "\x00" in request:
+            raise PlanInputError(f"{where}: the request contains a NUL character.")
+        request = request if request.strip() else None
+    return {
+        "thread_id": thread_id,
+        "start_message_uuid": _optional_string(
+            item, "start_message_uuid", max_length=200, where=where
+        ),
+        "end_message_uuid": _optional_string(item, "end_message_uuid", max_length=200, where=where),
+        "request": request,
+        "repository": _optional_string(item, "repository", max_length=MAX_PATH_LENGTH, where=where),
+        "baseline_commit": _commit_string(item, "baseline_commit", where=where),
+        "ending_commit": _commit_string(item, "ending_commit", where=where),
+        "thread_title": _optional_string(
+            item, "thread_title", max_length=MAX_TITLE_LENGTH, where=where
+        ),
+    }
+
+
+# --- Resolving one thread --------------------------------------------------------------
+
+
+def _range(thread: Thread, item: dict[str, Any]) -> tuple[list[Turn], Turn | None]:
+    """The turns of the range and the first turn after it (None when the range ends the thread)."""
+    turns = list(thread.turns.order_by("index"))
+    if not turns:
+        raise PlanInputError(
+            f"Thread {thread.pk} has no requests to replay.", details={"thread_id": thread.pk}
+        )
+    by_uuid = {turn.message_uuid: turn for turn in turns}
+    start = turns[0]
+    end = turns[-1]
+    for key in ("start_message_uuid", "end_message_uuid"):
+        uuid = item[key]
+        if uuid is not None and uuid not in by_uuid:
+            raise PlanInputError(
+                f"Thread {thread.pk} has no request with message uuid {uuid}.",
+                details={"thread_id": thread.pk, "field": key},
+            )
+    if item["start_message_uuid"]:
+        start = by_uuid[item["start_message_uuid"]]
+    if item["end_message_uuid"]:
+        end = by_uuid[item["end_message_uuid"]]
+    elif item["start_message_uuid"]:
+        end = start
+    if end.index < start.index:
+        raise PlanInputError(
+            f"Thread {thread.pk}: the range ends before it starts.",
+            details={"thread_id": thread.pk},
+        )
+    selected = turns[start.index : end.index + 1]
+    following = turns[end.index + 1] if end.index + 1 < len(turns) else None
+    return selected, following
+
+
+def transcript_digest(thread: Thread) -> str:
+    """The transcript as imported, and the file as it is now (if it is still there)."""
+    path = Path(thread.source_path)
+    current = file_sha256(path) if path.is_file() else "missing"
+    return hashlib.sha256(f"{thread.source_sha256}:{current}".encode()).hexdigest()
+
+
+def verify_command_files(repository: Path, command: str | None) -> dict[str, str]:
+    """Digests of the files the verify command names (its arguments that are files in the repo)."""
+    if not command:
+        return {}
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        words = command.split()
+    names = []
+    for word in words:
+        candidate = word.split("::", 1)[0]
+        if candidate.startswith("-") or candidate.startswith("/") or ".." in Path(candidate).parts:
+            continue
+        if (repository / candidate).is_file() and candidate not in names:
+            names.append(candidate)
+    return repos.digest_files(repository, names) if names else {}
+
+
+def _question(question: repos.Question, thread: Thread) -> dict[str, Any]:
+    return {
+        "thread_id": thread.pk,
+        "field": question.field,
+        "message": question.message,
+        "choices": [
+            {"commit": c.sha, "subject": c.subject, "committed_at": c.committed_at.isoformat()}
+            for c in question.choices
+        ],
+    }
+
+
+def resolve_thread(
+    thread: Thread, item: dict[str, Any], *, verify_command: str | None
+) -> ThreadPreparation:
+    """Repository, baseline, ending, historical result and digests for one thread and range."""
+    selected, following = _range(thread, item)
+    prep = ThreadPreparation(
+        thread_id=thread.pk,
+        start_message_uuid=selected[0].message_uuid,
+        end_message_uuid=selected[-1].message_uuid,
+        request=item["request"] or REQUEST_SEPARATOR.join(turn.request for turn in selected),
+        transcript_sha256=transcript_digest(thread),
+    )
+    if not prep.request.strip():
+        prep.blockers.append(f"Thread {thread.pk}: the selected requests are empty.")
+    given_repository = item["repository"]
+    repository = repos.find_repository(Path(given_repository or thread.cwd or "/nonexistent"))
+    if repository is None:
+        if given_repository:
+            prep.blockers.append(f"{given_repository} is not a git repository.")
+        else:
+            prep.questions.append(
+                {
+                    "thread_id": thread.pk,
+                    "field": "repository",
+                    "message": f"The thread's folder {thread.cwd or '(none recorded)'} is not a git "
+                    "repository here. Give `repository`: the path of a clone of it.",
+                    "choices": [],
+                }
+            )
+        return prep
+    prep.repository = str(repository)
+
+    if item["baseline_commit"]:
+        baseline = repos.resolve_commit(repository, item["baseline_commit"])
+        if baseline is None:
+            prep.blockers.append(
+                f"baseline_commit {item['baseline_commit']} is not a commit in {repository}."
+            )
+            return prep
+    else:
+        # Codex records the commit its session started from; it is the baseline of the first request only.
+        recorded = (
+            thread.git_commit
+            if thread.source_kind == SourceKind.CODEX and selected[0].index == 0
+            else ""
+        )
+        resolution = repos.resolve_baseline(
+            repository,
+            branch=thread.git_branch,
+            before=selected[0].timestamp,
+            recorded_commit=recorded,
+        )
+        if resolution.blocker:
+            prep.blockers.append(resolution.blocker)
+            return prep
+        if resolution.question:
+            prep.questions.append(_question(resolution.question, thread))
+            return prep
+        baseline = resolution.commit
+    assert baseline is not None
+    prep.baseline_commit = baseline
+
+    if item["ending_commit"]:
+        ending = repos.resolve_commit(repository, item["ending_commit"])
+        if ending is None:
+            prep.blockers.append(
+                f"ending_commit {item['ending_commit']} is not a commit in {repository}."
+            )
+            return prep
+    else:
+        resolution = repos.resolve_ending(
+            repository,
+            branch=thread.git_branch,
+            baseline=baseline,
+            before=following.timestamp if following else _next_session_start(thread),
+            thread_ended_at=thread.ended_at,
+            grace=ENDING_GRACE,
+        )
+        if resolution.blocker:
+            prep.blockers.append(resolution.blocker)
+            return prep
+        if resolution.question:
+            prep.questions.append(_question(resolution.question, thread))
+            return prep
+        ending = resolution.commit
+    assert ending is not None
+    prep.ending_commit = ending
+    try:
+        prep.historical_result_sha256 = repos.sha256_text(
+            repos.historical_diff(repository, baseline, ending)
+        )
+        prep.verify_files = verify_command_files(repository, verify_command)
+    except repos.GitError as exc:
+        prep.blockers.append(str(exc))
+    return prep
+
+
+def _next_session_start(thread: Thread) -> Any:
+    """When the range ends the thread, commits made soon after it count as its result, but
+    not those of a session that started in the same folder meanwhile."""
+    if thread.ended_at is None:
+        return None
+    return (
+        Thread.objects.filter(
+            cwd=thread.cwd,
+            started_at__gt=thread.ended_at,
+            started_at__lt=thread.ended_at + ENDING_GRACE,
+        )
+        .order_by("started_at")
+        .values_list("started_at", flat=True)
+        .first()
+    )
+
+
+def prepared_configuration_sha256(
+    prep: ThreadPreparation, model: str, configuration: dict[str, Any]
+) -> str:
+    return fingerprint(
+        {
+            "model": model,
+            "thread_id": prep.thread_id,
+            "repository": prep.repository,
+            "baseline_commit": prep.baseline_commit,
+            "ending_commit": prep.ending_commit,
+            "historical_result_sha256": prep.historical_result_sha256,
+            "request_sha256": hashlib.sha256(prep.request.encode()).hexdigest(),
+            "start_message_uuid": prep.start_message_uuid,
+            "end_message_uuid": prep.end_message_uuid,
+            "timeout_seconds": configuration["timeout_seconds"],
+            "verify_command": configuration["verify_command"],
+        }
+    )
+
+
+def prepare_thread(
+    thread: Thread, item: dict[str, Any], configuration: dict[str, Any]
+) -> ThreadPreparation:
+    """Resolve the thread once per model: every model must see the same baseline and result."""
+    first: ThreadPreparation | None = None
+    for model in configuration["models"]:
+        prep = resolve_thread(thread, item, verify_command=configuration["verify_command"])
+        if first is None:
+            first = prep
+        elif not (prep.blockers or prep.questions or first.blockers or first.questions):
+            if prep.baseline_commit != first.baseline_commit:
+                raise PrepareConflict(
+                    f"Thread {thread.pk}: baseline changed between selected models "
+                    f"({first.baseline_commit[:12]} for {configuration['models'][0]}, "
+                    f"{prep.baseline_commit[:12]} for {model}).",
+                    code="baseline_changed",
+                    details={"thread_id": thread.pk, "model": model},
+                )
+            if prep.historical_result_sha256 != first.historical_result_sha256:
+                raise PrepareConflict(
+                    f"Thread {thread.pk}: historical result changed between selected models "
+                    f"({configuration['models'][0]} and {model}).",
+                    code="historical_result_changed",
+                    details={"thread_id": thread.pk, "model": model},
+                )
+        if not (first.blockers or first.questions):
+            first.prepared_configuration_sha256[model] = prepared_configuration_sha256(
+                first, model, configuration
+            )
+    assert first is not None
+    return first
+
+
+def load_threads(configuration: dict[str, Any]) -> list[Thread]:
+    ids = [item["thread_id"] for item in configuration["configurations"]]
+    threads = Thread.objects.in_bulk(ids)
+    missing = [thread_id for thread_id in ids if thread_id not in threads]
+    if missing:
+        raise PlanInputError(
+            f"Unknown thread {', '.join(map(str, missing))}.",
+            code="unknown_thread",
+            details={"thread_ids": missing},
+        )
+    return [threads[thread_id] for thread_id in ids]
+
+
+def approval_prompt(configuration: dict[str, Any]) -> str:
+    threads = len(configuration["configurations"])
+    models = len(configuration["models"])
+    return (
+        f"Approve {threads} thread{'s' if threads != 1 else ''} "
+        f"using {models} model{'s' if models != 1 else ''}?"
+    )
+
+
+# --- The service -----------------------------------------------------------------------
+
+
+def prepare_plan(*, owner: AbstractBaseUser, raw_configuration: Any) -> PreparedPlan:
+    configuration = normalise_configuration(raw_configuration)
+    threads = load_threads(configuration)
+    plan_blockers: list[str] = []
+    for model in configuration["models"]:
+        info = agents.resolve_model(model)
+        if not info.available:
+            plan_blockers.append(f"Model {model} cannot run here: {info.reason}")
+    preparations = [
+        prepare_thread(thread, item, configuration)
+        for thread, item in zip(threads, configuration["configurations"], strict=True)
+    ]
+    blockers = plan_blockers + [b for prep in preparations for b in prep.blockers]
+    questions = [q for prep in preparations for q in prep.questions]
+    if blockers:
+        status = PlanStatus.BLOCKED
+    elif questions:
+        status = PlanStatus.NEEDS_USER_INPUT
+    else:
+        status = PlanStatus.READY_FOR_APPROVAL
+    token = secrets.token_urlsafe(32)
+    now = timezone.now()
+    plan = Plan.objects.create(
+        owner=owner,
+        configuration=configuration,
+        fingerprint=fingerprint(configuration),
+        preparations=[prep.as_dict() for prep in preparations],
+        status=status,
+        blockers=blockers,
+        questions=questions,
+        approval_prompt=approval_prompt(configuration)
+        if status == PlanStatus.READY_FOR_APPROVAL
+        else "",
+        # A plan that cannot be approved still gets a (never shown) token: the hash is unique.
+        token_hash=hash_token(token),
+        created_at=now,
+        expires_at=now + timedelta(seconds=settings.REPLAYS_PREPARE_TOKEN_SECONDS),
+    )
+    return PreparedPlan(
+        plan=plan, prepare_token=token if status == PlanStatus.READY_FOR_APPROVAL else None
+    )
+
+
+def plan_requests(plan: Plan) -> dict[int, str]:
+    """The request text per thread id, as prepare resolved it."""
+    threads = load_threads(plan.configuration)
+    return {
+        thread.pk: resolve_thread_request(thread, item)
+        for thread, item in zip(threads, plan.configuration["configurations"], strict=True)
+    }
+
+
+def resolve_thread_request(thread: Thread, item: dict[str, Any]) -> str:
+    selected, _ = _range(thread, item)
+    return item["request"] or REQUEST_SEPARATOR.join(turn.request for turn in selected)

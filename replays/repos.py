@@ -1,0 +1,850 @@
+"""Git for replays: find the repository, resolve baseline and ending commits,
+make and apply diffs, manage worktrees.
+
+Plain Python (layer 1): no Django, stdlib only. Git runs through argv lists,
+never a shell, with prompts disabled and a timeout.
+
+Text encoding of diffs. Git output is bytes. Diffs are returned as ``str`` so
+they can be stored in a TextField and hashed, and they must re-apply byte for
+byte. Two choices make that hold:
+
+* paths in diff headers keep git's default C-style quoting (``core.quotepath``
+  on), so a non-UTF-8 or non-ASCII file name is written as octal escapes that
+  ``git apply`` reads back exactly;
+* a text file whose changed lines are not valid UTF-8 is re-diffed as binary
+  (base85, ASCII), so the diff text is always valid UTF-8.
+
+Anything left is decoded with ``errors="surrogateescape"`` and encoded back
+the same way, which round-trips any byte. With the two rules above that
+fallback should never be needed for diffs made here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+# Most commands read little; diffs, checkouts and `add -A` can be slow on big trees.
+GIT_TIMEOUT_SECONDS = 60
+SLOW_GIT_TIMEOUT_SECONDS = 600
+# How many candidate commits a question offers.
+MAX_CHOICES = 5
+
+# Fixed diff options so the historical diff (and its sha256) does not depend on
+# the user's diff.* configuration: prefixes, renames, algorithm, context and
+# colour all change the text.
+_DIFF_OPTIONS = [
+    "--binary",
+    "--no-color",
+    "--no-ext-diff",
+    "--no-textconv",
+    "--no-renames",
+    "--src-prefix=a/",
+    "--dst-prefix=b/",
+    "--unified=3",
+    "--inter-hunk-context=0",
+    "--diff-algorithm=myers",
+]
+# Inherited from a git hook or a shell inside a repository, these would point
+# our commands at the wrong repository or index.
+_GIT_LOCATION_VARIABLES = (
+    "GIT_DIR",
+    "GIT_WORK_TREE",
+    "GIT_INDEX_FILE",
+    "GIT_OBJECT_DIRECTORY",
+    "GIT_ALTERNATE_OBJECT_DIRECTORIES",
+    "GIT_COMMON_DIR",
+    "GIT_NAMESPACE",
+    "GIT_PREFIX",
+)
+
+
+class GitError(Exception):
+    """A git command failed; str() is a readable message naming the command and git's stderr."""
+
+
+@dataclass(frozen=True)
+class Commit:
+    sha: str  # full 40 hex
+    subject: str
+    committed_at: datetime  # aware, UTC (committer date)
+
+    @property
+    def short(self) -> str:
+        return self.sha[:12]
+
+    def describe(self) -> str:
+        return f"{self.short} ({_format_time(self.committed_at)}, {self.subject!r})"
+
+
+@dataclass(frozen=True)
+class Question:
+    """Prepare cannot decide: ask the user; `field` is the configuration key that answers it."""
+
+    field: str  # "repository" | "baseline_commit" | "ending_commit"
+    message: str  # a readable question naming the choices
+    choices: list[Commit]  # candidate commits, newest first (may be empty)
+
+
+@dataclass(frozen=True)
+class Resolution:
+    commit: str | None  # full sha when decided
+    question: Question | None = None
+    blocker: str | None = None  # cannot proceed at all (readable reason)
+
+
+# --- running git -------------------------------------------------------------
+
+
+def _environment(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in _GIT_LOCATION_VARIABLES}
+    # Never wait for a password or an editor: there is nobody to answer.
+    env["GIT_TERMINAL_PROMPT"] = "0"
+    env["GIT_EDITOR"] = "true"
+    # `git add -A` and `git status` may otherwise take optional locks that race
+    # with a user's git in the same repository.
+    env["GIT_OPTIONAL_LOCKS"] = "0"
+    if extra:
+        env.update(extra)
+    return env
+
+
+def _run_git(
+    cwd: Path,
+    args: list[str],
+    *,
+    input_bytes: bytes | None = None,
+    env: dict[str, str] | None = None,
+    timeout: float = GIT_TIMEOUT_SECONDS,
+    ok_codes: tuple[int, ...] = (0,),
+) -> subprocess.CompletedProcess[bytes]:
+    """Run git in cwd; bytes in and out (diffs must stay byte-exact).
+
+    Returns the completed process when its exit code is in ok_codes, else
+    raises GitError naming the command and git's stderr.
+    """
+    argv = ["git", *args]
+    command = " ".join(argv)
+    try:
+        # text=False on purpose: git output can hold any bytes (file names, diffs).
+        result = subprocess.run(
+            argv,
+            cwd=cwd,
+            input=input_bytes,
+            env=_environment(env),
+            check=False,
+            capture_output=True,
+            timeout=timeout,
+        )
+    except FileNotFoundError as exc:
+        if shutil.which("git") is None:
+            raise GitError(f"git is not installed or not on PATH (needed for `{command}`)") from exc
+        raise GitError(f"`{command}` cannot run in {cwd}: folder does not exist") from exc
+    except NotADirectoryError as exc:
+        raise GitError(f"`{command}` cannot run in {cwd}: not a folder") from exc
+    except subprocess.TimeoutExpired as exc:
+        raise GitError(f"`{command}` in {cwd} did not finish within {timeout:g} s") from exc
+    if result.returncode not in ok_codes:
+        stderr = result.stderr.decode("utf-8", errors="replace").strip()
+        raise GitError(
+            f"`{command}` failed in {cwd} (exit {result.returncode}): {stderr or 'no message'}"
+        )
+    return result
+
+
+def _text(raw: bytes) -> str:
+    # Display text (subjects, messages): lossy is fine.
+    return raw.decode("utf-8", errors="replace")
+
+
+def _faithful(raw: bytes) -> str:
+    # Text that must round-trip to the same bytes (diffs, file names).
+    return raw.decode("utf-8", errors="surrogateescape")
+
+
+def _to_bytes(text: str) -> bytes:
+    return text.encode("utf-8", errors="surrogateescape")
+
+
+def _refuse_option(value: str, what: str) -> None:
+    # A value starting with "-" would be read by git as an option.
+    if value.startswith("-"):
+        raise GitError(f"{what} {value!r} cannot start with '-'")
+
+
+def _aware(moment: datetime) -> datetime:
+    # Transcript times are aware; a naive one is taken as UTC rather than local time.
+    if moment.tzinfo is None:
+        return moment.replace(tzinfo=UTC)
+    return moment.astimezone(UTC)
+
+
+def _format_time(moment: datetime) -> str:
+    return _aware(moment).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+# --- repositories and commits -----------------------------------------------
+
+
+def find_repository(path: Path) -> Path | None:
+    """Toplevel of the git work tree containing path (None if not a repo / path missing)."""
+    if not path.exists():
+        return None
+    folder = path if path.is_dir() else path.parent
+    result = _run_git(folder, ["rev-parse", "--show-toplevel"], ok_codes=(0, 128))
+    if result.returncode != 0:
+        return None
+    toplevel = os.fsdecode(result.stdout.rstrip(b"\n"))
+    return Path(toplevel) if toplevel else None
+
+
+def resolve_commit(repo: Path, ref: str) -> str | None:
+    """Full 40-char sha of a commit-ish (short sha, branch, tag), None if unknown."""
+    ref = ref.strip()
+    if not ref or ref.startswith("-"):
+        return None
+    # --quiet makes an unknown ref exit 1 instead of 128, so 128 still means
+    # "not a repository" and is raised.
+    result = _run_git(
+        repo,
+        ["rev-parse", "--verify", "--quiet", "--end-of-options", f"{ref}^{{commit}}"],
+        ok_codes=(0, 1),
+    )
+    if result.returncode != 0:
+        return None
+    sha = result.stdout.decode("ascii", errors="replace").strip()
+    return sha or None
+
+
+def is_ancestor(repo: Path, ancestor: str, descendant: str) -> bool:
+    """True when ancestor is descendant or one of its ancestors."""
+    _refuse_option(ancestor, "commit")
+    _refuse_option(descendant, "commit")
+    result = _run_git(repo, ["merge-base", "--is-ancestor", ancestor, descendant], ok_codes=(0, 1))
+    return result.returncode == 0
+
+
+# %x1f separates fields; -z separates records, so any subject is safe.
+_LOG_FORMAT = "--format=%H%x1f%ct%x1f%s"
+
+
+def _log(repo: Path, args: list[str]) -> list[Commit]:
+    result = _run_git(repo, ["-c", "core.quotepath=off", "log", "-z", _LOG_FORMAT, *args])
+    commits = []
+    for record in result.stdout.split(b"\0"):
+        if not record.strip():
+            continue
+        sha, seconds, subject = record.lstrip(b"\n").split(b"\x1f", 2)
+        commits.append(
+            Commit(
+                sha=sha.decode("ascii"),
+                subject=_text(subject),
+                committed_at=datetime.fromtimestamp(int(seconds), tz=UTC),
+            )
+        )
+    return commits
+
+
+def commit_info(repo: Path, ref: str) -> Commit | None:
+    """The commit a ref names, with subject and committer date; None if unknown."""
+    sha = resolve_commit(repo, ref)
+    if sha is None:
+        return None
+    return _log(repo, ["-1", sha, "--"])[0]
+
+
+def _last_commit_before(repo: Path, ref: str, before: datetime) -> Commit | None:
+    """The newest commit reachable from ref whose committer date is strictly before `before`.
+
+    git's --before compares whole seconds and keeps a commit made at exactly
+    that second, so a commit one second after a request at hh:mm:ss.000 would
+    slip in. Every commit with committer second ct < t satisfies
+    ct <= ceil(t) - 1, so asking git for that bound is exact; the result is
+    checked again here anyway.
+    """
+    moment = _aware(before).timestamp()
+    bound = math.ceil(moment) - 1
+    # --date-order never shows a parent before its children, so the first
+    # commit listed is the newest one that passes the filter.
+    for commit in _log(repo, ["--date-order", f"--before=@{bound}", "-n", "20", ref, "--"]):
+        if commit.committed_at.timestamp() < moment:
+            return commit
+    return None
+
+
+def _first_commits_after(repo: Path, refs: list[str], after: datetime) -> list[Commit]:
+    """Up to MAX_CHOICES of the earliest commits on refs at or after `after`, newest first."""
+    moment = _aware(after).timestamp()
+    commits = _log(repo, ["--date-order", f"--since=@{math.floor(moment)}", *refs, "--"])
+    later = [c for c in commits if c.committed_at.timestamp() >= moment]
+    return later[-MAX_CHOICES:]
+
+
+def _descendants(repo: Path, base: str, refs: list[str]) -> list[Commit]:
+    """Up to MAX_CHOICES of the earliest commits on refs that descend from base, newest first."""
+    if not refs:
+        return []
+    commits = _log(repo, ["--date-order", "--ancestry-path", f"^{base}", *refs, "--"])
+    return commits[-MAX_CHOICES:]
+
+
+# --- branches ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Branches:
+    """The refs a branch name stands for, and how they were found."""
+
+    refs: list[str]  # full ref names, e.g. refs/heads/main
+    named: bool  # True: the named branch exists; False: fallback over all branches
+    label: str  # for messages: "branch 'main'" or "branches main, feature"
+
+
+def _short_ref(ref: str) -> str:
+    for prefix in ("refs/heads/", "refs/remotes/"):
+        if ref.startswith(prefix):
+            return ref[len(prefix) :]
+    return ref
+
+
+def _list_branches(repo: Path, *, contains: str | None = None) -> tuple[list[str], list[str]]:
+    """(local branch refs, remote-tracking branch refs), symbolic refs left out."""
+    args = ["for-each-ref", "--format=%(refname)%00%(symref)"]
+    if contains:
+        args.append(f"--contains={contains}")
+    result = _run_git(repo, [*args, "refs/heads", "refs/remotes"])
+    local: list[str] = []
+    remote: list[str] = []
+    for line in result.stdout.splitlines():
+        name, _, symref = line.partition(b"\0")
+        if symref:  # refs/remotes/origin/HEAD points at another branch
+            continue
+        ref = os.fsdecode(name)
+        (local if ref.startswith("refs/heads/") else remote).append(ref)
+    return local, remote
+
+
+def _branches(repo: Path, branch: str, *, contains: str | None = None) -> _Branches:
+    """Which refs to search for a recorded branch name.
+
+    The named local branch if it exists; else a remote-tracking branch of that
+    name (a fresh clone only has the default branch locally); else every local
+    branch (the branch was deleted, renamed, or the session ran on a detached
+    HEAD, which Claude Code records as "HEAD"). With `contains`, the fallback
+    keeps only branches holding that commit when any do.
+    """
+    local, remote = _list_branches(repo)
+    branch = branch.strip()
+    if branch and branch != "HEAD":
+        if f"refs/heads/{branch}" in local:
+            return _Branches([f"refs/heads/{branch}"], True, f"branch {branch!r}")
+        tracking = [r for r in remote if r.split("/", 3)[-1] == branch]
+        if tracking:
+            return _Branches(tracking, True, f"branch {branch!r}")
+    pool = local or remote
+    if contains and pool:
+        holding_local, holding_remote = _list_branches(repo, contains=contains)
+        holding = [r for r in pool if r in holding_local or r in holding_remote]
+        pool = holding or pool
+    names = ", ".join(_short_ref(r) for r in pool)
+    return _Branches(pool, False, f"branches {names}" if len(pool) != 1 else f"branch {names}")
+
+
+def _missing_branch_note(branch: str, branches: _Branches) -> str:
+    if branches.named:
+        return ""
+    if not branch.strip():
+        return "The session recorded no branch; "
+    if branch.strip() == "HEAD":
+        return "The session ran on a detached HEAD; "
+    return f"Branch {branch!r} is not in the repository; "
+
+
+def _candidates(refs: list[str], pick: dict[str, Commit | None]) -> tuple[list[Commit], str]:
+    """Distinct commits found across refs (newest first) and a 'ref -> commit' listing."""
+    distinct: dict[str, Commit] = {}
+    lines = []
+    for ref in refs:
+        commit = pick[ref]
+        if commit is None:
+            continue
+        distinct.setdefault(commit.sha, commit)
+        lines.append(f"{_short_ref(ref)} -> {commit.describe()}")
+    ordered = sorted(distinct.values(), key=lambda c: c.committed_at, reverse=True)
+    return ordered, "; ".join(lines)
+
+
+# --- baseline and ending -----------------------------------------------------
+
+
+def resolve_baseline(
+    repo: Path, *, branch: str, before: datetime, recorded_commit: str = ""
+) -> Resolution:
+    """The commit the historical session started from.
+
+    Codex records it (recorded_commit); for Claude Code it is the last commit
+    on the branch whose committer date is strictly before the first request.
+    """
+    recorded_commit = recorded_commit.strip()
+    if recorded_commit:
+        sha = resolve_commit(repo, recorded_commit)
+        if sha is None:
+            return Resolution(
+                None, blocker=f"commit {recorded_commit} recorded by the session is not in {repo}"
+            )
+        return Resolution(sha)
+
+    branches = _branches(repo, branch)
+    if not branches.refs:
+        if resolve_commit(repo, "HEAD") is None:
+            return Resolution(None, blocker=f"The repository {repo} has no commits")
+        # Only a detached HEAD, no branch at all: search from HEAD.
+        branches = _Branches(["HEAD"], False, "HEAD")
+    when = _format_time(before)
+    pick = {ref: _last_commit_before(repo, ref, before) for ref in branches.refs}
+    found, listing = _candidates(branches.refs, pick)
+    note = _missing_branch_note(branch, branches)
+    if len(found) == 1:
+        return Resolution(found[0].sha)
+    if not found:
+        after = _first_commits_after(repo, branches.refs, before)
+        return Resolution(
+            None,
+            question=Question(
+                field="baseline_commit",
+                message=(
+                    f"{note}No commit on {branches.label} before the request at {when}. "
+                    "Which commit did the session start from? Give baseline_commit"
+                    + (
+                        "; the first commits after it are: "
+                        + ", ".join(c.describe() for c in after)
+                        if after
+                        else ""
+                    )
+                    + "."
+                ),
+                choices=after,
+            ),
+        )
+    return Resolution(
+        None,
+        question=Question(
+            field="baseline_commit",
+            message=(
+                f"{note}The last commit before the request at {when} differs between "
+                f"{branches.label}: {listing}. Which one did the session start from? "
+                "Give baseline_commit."
+            ),
+            choices=found,
+        ),
+    )
+
+
+def resolve_ending(
+    repo: Path,
+    *,
+    branch: str,
+    baseline: str,
+    before: datetime | None,
+    thread_ended_at: datetime | None,
+    grace: timedelta = timedelta(minutes=10),
+) -> Resolution:
+    """The commit holding the historical result of the range.
+
+    The last commit on the branch before the next request after the range
+    (`before`); for a range that ends the thread, the last commit before the
+    thread ended plus `grace` (users commit the agent's work right after it
+    finishes), or the branch tip when the end is unknown. It must be the
+    baseline's descendant, and a different commit, or the user is asked.
+    """
+    base = resolve_commit(repo, baseline)
+    if base is None:
+        return Resolution(None, blocker=f"baseline commit {baseline} is not in {repo}")
+    short = base[:12]
+
+    if before is not None:
+        cutoff: datetime | None = _aware(before)
+        until = f"the next request at {_format_time(before)}"
+    elif thread_ended_at is not None:
+        cutoff = _aware(thread_ended_at) + grace
+        minutes = grace.total_seconds() / 60
+        until = f"the end of the thread at {_format_time(thread_ended_at)} (+{minutes:g} min)"
+    else:
+        cutoff = None
+        until = "the branch tip"
+
+    branches = _branches(repo, branch, contains=base)
+    if not branches.refs:
+        branches = _Branches(["HEAD"], False, "HEAD")
+    note = _missing_branch_note(branch, branches)
+    pick: dict[str, Commit | None] = {}
+    for ref in branches.refs:
+        pick[ref] = (
+            _last_commit_before(repo, ref, cutoff) if cutoff is not None else commit_info(repo, ref)
+        )
+    found, listing = _candidates(branches.refs, pick)
+    later = _descendants(repo, base, branches.refs)
+
+    if not found:
+        return Resolution(
+            None,
+            question=Question(
+                field="ending_commit",
+                message=(
+                    f"{note}No commit on {branches.label} before {until}. "
+                    "Which commit holds the result of the requests? Give ending_commit."
+                ),
+                choices=later,
+            ),
+        )
+    # Descendants of the baseline are the only plausible endings; when several
+    # branches disagree but exactly one candidate descends from it, keep asking:
+    # the session's branch is unknown.
+    if len(found) > 1:
+        return Resolution(
+            None,
+            question=Question(
+                field="ending_commit",
+                message=(
+                    f"{note}The last commit before {until} differs between {branches.label}: "
+                    f"{listing}. Which one holds the result of the requests? Give ending_commit."
+                ),
+                choices=found,
+            ),
+        )
+    ending = found[0]
+    if ending.sha == base:
+        return Resolution(
+            None,
+            question=Question(
+                field="ending_commit",
+                message=(
+                    f"{note}No commit was made between {short} and {until}: was the work "
+                    "left uncommitted? Give ending_commit (it may equal the baseline if the "
+                    "request changed nothing)."
+                ),
+                choices=later,
+            ),
+        )
+    if not is_ancestor(repo, base, ending.sha):
+        return Resolution(
+            None,
+            question=Question(
+                field="ending_commit",
+                message=(
+                    f"{note}The last commit before {until} on {branches.label} is "
+                    f"{ending.describe()}, which does not descend from the baseline {short}. "
+                    "Which commit holds the result of the requests? Give ending_commit."
+                ),
+                choices=later,
+            ),
+        )
+    return Resolution(ending.sha)
+
+
+# --- diffs -------------------------------------------------------------------
+
+
+def _split_sections(raw: bytes) -> list[bytes]:
+    """A git diff cut into one chunk per file, each starting with `diff --git `."""
+    # Patch bodies start lines with ' ', '+', '-', '@', '\\' and base85 data
+    # has no spaces, so only a file header can start a line with "diff --git ".
+    starts = [0] if raw.startswith(b"diff --git ") else []
+    index = raw.find(b"\ndiff --git ")
+    while index != -1:
+        starts.append(index + 1)
+        index = raw.find(b"\ndiff --git ", index + 1)
+    if not starts or starts[0] != 0:
+        return []
+    return [raw[start:end] for start, end in zip(starts, [*starts[1:], len(raw)], strict=True)]
+
+
+def _diff(cwd: Path, revisions: list[str]) -> str:
+    """`git diff` with fixed options, always valid UTF-8 text (see the module docstring)."""
+    for revision in revisions:
+        if revision != "--cached":
+            _refuse_option(revision, "commit")
+    command = ["-c", "core.quotepath=on", "diff", *_DIFF_OPTIONS, *revisions]
+    raw = _run_git(cwd, command, timeout=SLOW_GIT_TIMEOUT_SECONDS).stdout
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        pass
+    # Some text file has non-UTF-8 lines (latin-1 source, say). Re-diff just
+    # those files as binary, in place, so the order and the rest stay as git wrote them.
+    names = _run_git(
+        cwd,
+        ["diff", "--name-only", "-z", "--no-renames", "--no-ext-diff", *revisions],
+        timeout=SLOW_GIT_TIMEOUT_SECONDS,
+    ).stdout.split(b"\0")[:-1]
+    sections = _split_sections(raw)
+    if len(sections) != len(names):
+        # Unexpected layout (should not happen); keep the bytes faithful instead.
+        return _faithful(raw)
+    with tempfile.TemporaryDirectory(prefix="replays-attributes-") as folder:
+        attributes = Path(folder) / "attributes"
+        # "-diff" makes git treat every path as binary, and --binary then
+        # writes a base85 patch, which is ASCII.
+        attributes.write_text("* -diff\n", encoding="utf-8")
+        rebuilt = []
+        for name, section in zip(names, sections, strict=True):
+            try:
+                section.decode("utf-8")
+                rebuilt.append(section)
+                continue
+            except UnicodeDecodeError:
+                pass
+            binary = _run_git(
+                cwd,
+                [
+                    "-c",
+                    f"core.attributesFile={attributes}",
+                    "-c",
+                    "core.quotepath=on",
+                    "diff",
+                    *_DIFF_OPTIONS,
+                    *revisions,
+                    "--",
+                    os.fsdecode(name),
+                ],
+                env={"GIT_LITERAL_PATHSPECS": "1"},
+                timeout=SLOW_GIT_TIMEOUT_SECONDS,
+            ).stdout
+            rebuilt.append(binary)
+    return _faithful(b"".join(rebuilt))
+
+
+def historical_diff(repo: Path, baseline: str, ending: str) -> str:
+    """`git diff --binary --no-color --no-ext-diff baseline ending` (full text)."""
+    return _diff(repo, [baseline, ending])
+
+
+def sha256_text(text: str) -> str:
+    """sha256 hex of text as the bytes it stands for (UTF-8, surrogate escapes restored)."""
+    return hashlib.sha256(_to_bytes(text)).hexdigest()
+
+
+def workspace_diff(worktree: Path, baseline: str) -> str:
+    """Everything changed in worktree since baseline: edits, new untracked files, deletions.
+
+    Stages everything in the worktree's own index (no commit, so no identity
+    is needed); files the repository ignores stay out.
+    """
+    _refuse_option(baseline, "commit")
+    _run_git(worktree, ["add", "-A", "--", "."], timeout=SLOW_GIT_TIMEOUT_SECONDS)
+    return _diff(worktree, ["--cached", baseline])
+
+
+def apply_diff(worktree: Path, diff: str) -> None:
+    """Apply a diff made by historical_diff to a worktree at its baseline; empty is a no-op."""
+    if not diff.strip():
+        return
+    _run_git(
+        worktree,
+        ["apply", "--binary", "--whitespace=nowarn", "-"],
+        input_bytes=_to_bytes(diff),
+        timeout=SLOW_GIT_TIMEOUT_SECONDS,
+    )
+
+
+_C_ESCAPES = {
+    "a": 7,
+    "b": 8,
+    "t": 9,
+    "n": 10,
+    "v": 11,
+    "f": 12,
+    "r": 13,
+    '"': 34,
+    "\\": 92,
+}
+
+
+def _unquote(text: str) -> tuple[str, str]:
+    """Read one path that may be C-quoted by git; returns (path, rest of text)."""
+    if not text.startswith('"'):
+        return text, ""
+    out = bytearray()
+    i = 1
+    while i < len(text):
+        char = text[i]
+        if char == '"':
+            return _faithful(bytes(out)), text[i + 1 :]
+        if char == "\\" and i + 1 < len(text):
+            nxt = text[i + 1]
+            if nxt in "01234567" and i + 3 < len(text):
+                out.append(int(text[i + 1 : i + 4], 8) & 0xFF)
+                i += 4
+                continue
+            out.append(_C_ESCAPES.get(nxt, ord(nxt) if ord(nxt) < 256 else 63))
+            i += 2
+            continue
+        out.extend(_to_bytes(char))
+        i += 1
+    return _faithful(bytes(out)), ""
+
+
+def _strip_prefix(path: str, prefix: str) -> str:
+    return path[len(prefix) :] if path.startswith(prefix) else path
+
+
+def _file_line_path(value: str, prefix: str) -> str | None:
+    """The path on a `--- a/x` or `+++ b/x` line; None for /dev/null."""
+    if value.startswith('"'):
+        path, _ = _unquote(value)
+    else:
+        # git ends the name with a tab when it holds a space.
+        path = value.rstrip("\n").split("\t", 1)[0]
+    if path == "/dev/null":
+        return None
+    return _strip_prefix(path, prefix)
+
+
+def _header_paths(rest: str) -> tuple[str, str]:
+    """(a path, b path) from what follows `diff --git `."""
+    if rest.startswith('"'):
+        a_path, remainder = _unquote(rest)
+        remainder = remainder.lstrip(" ")
+        b_path = _unquote(remainder)[0] if remainder.startswith('"') else remainder
+        return _strip_prefix(a_path, "a/"), _strip_prefix(b_path, "b/")
+    if rest.endswith('"') and ' "' in rest:
+        a_part, _, b_part = rest.partition(' "')
+        return _strip_prefix(a_part, "a/"), _strip_prefix(_unquote('"' + b_part)[0], "b/")
+    # Unquoted "a/P b/P": without renames both names are equal, so split in the middle.
+    length = (len(rest) - 5) // 2
+    if length > 0 and rest[2 + length : 5 + length] == " b/" and rest.startswith("a/"):
+        return rest[2 : 2 + length], rest[5 + length :]
+    a_part, _, b_part = rest.partition(" b/")
+    return _strip_prefix(a_part, "a/"), b_part
+
+
+def changed_files(diff: str) -> list[str]:
+    """Paths touched by a unified git diff (b/ side; a/ side for deletions), in order, unique."""
+    paths: list[str] = []
+    lines = diff.split("\n")
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        if not line.startswith("diff --git "):
+            i += 1
+            continue
+        a_path, b_path = _header_paths(line[len("diff --git ") :])
+        deleted = False
+        minus: str | None = None
+        plus: str | None = None
+        saw_plus = False
+        i += 1
+        # Header lines run until the first hunk or binary patch; only there can
+        # "--- " and "+++ " name files (in a hunk they are content).
+        while i < len(lines) and not lines[i].startswith(
+            ("diff --git ", "@@", "GIT binary patch", "Binary files ")
+        ):
+            header = lines[i]
+            if header.startswith("deleted file mode"):
+                deleted = True
+            elif header.startswith("rename from "):
+                a_path = _unquote(header[len("rename from ") :])[0]
+            elif header.startswith(("rename to ", "copy to ")):
+                b_path = _unquote(header.split(" to ", 1)[1])[0]
+            elif header.startswith("--- "):
+                minus = _file_line_path(header[4:], "a/")
+            elif header.startswith("+++ "):
+                saw_plus = True
+                plus = _file_line_path(header[4:], "b/")
+            i += 1
+        if saw_plus:
+            path = plus if plus is not None else (minus or a_path)
+        else:
+            path = a_path if deleted else b_path
+        if path and path not in paths:
+            paths.append(path)
+    return paths
+
+
+# --- worktrees ---------------------------------------------------------------
+
+
+def add_worktree(repo: Path, path: Path, commit: str) -> None:
+    """`git worktree add --detach path commit`."""
+    _refuse_option(commit, "commit")
+    # Hooks (post-checkout) belong to the user's own workflow, not to a replay.
+    _run_git(
+        repo,
+        [
+            "-c",
+            f"core.hooksPath={os.devnull}",
+            "worktree",
+            "add",
+            "--detach",
+            "--",
+            str(path.absolute()),
+            commit,
+        ],
+        timeout=SLOW_GIT_TIMEOUT_SECONDS,
+    )
+
+
+def _registered_worktrees(repo: Path) -> list[Path]:
+    result = _run_git(repo, ["worktree", "list", "--porcelain", "-z"])
+    paths = []
+    for entry in result.stdout.split(b"\0"):
+        if entry.startswith(b"worktree "):
+            paths.append(Path(os.fsdecode(entry[len(b"worktree ") :])))
+    return paths
+
+
+def remove_worktree(repo: Path, path: Path) -> None:
+    """`git worktree remove --force path` then `git worktree prune`; a deleted folder is fine."""
+    target = path.absolute()
+    try:
+        _run_git(
+            repo,
+            ["worktree", "remove", "--force", "--", str(target)],
+            timeout=SLOW_GIT_TIMEOUT_SECONDS,
+        )
+    except GitError:
+        if target.exists():
+            registered = {p.resolve() for p in _registered_worktrees(repo)}
+            if target.resolve() not in registered:
+                raise
+            # git refuses some worktrees (e.g. with initialised submodules);
+            # it is ours, so delete it and let prune forget it.
+            shutil.rmtree(target)
+    _run_git(repo, ["worktree", "prune"])
+
+
+# --- protected inputs --------------------------------------------------------
+
+
+def digest_files(repo: Path, paths: list[str]) -> dict[str, str]:
+    """{relative path: sha256 of current content, or "missing"} for files under repo.
+
+    Raises ValueError for a path that is absolute or escapes the repository
+    (through "..", or a symlink pointing outside). Anything that is not a
+    regular file counts as "missing".
+    """
+    root = repo.resolve()
+    digests: dict[str, str] = {}
+    for relative in paths:
+        candidate = Path(relative)
+        if not relative or candidate.is_absolute():
+            raise ValueError(f"path {relative!r} must be relative to the repository")
+        resolved = (root / candidate).resolve()
+        if resolved != root and root not in resolved.parents:
+            raise ValueError(f"path {relative!r} escapes the repository {repo}")
+        if not resolved.is_file():
+            digests[relative] = "missing"
+            continue
+        hasher = hashlib.sha256()
+        with resolved.open("rb") as handle:
+            for chunk in iter(lambda: handle.read(1 << 20), b""):
+                hasher.update(chunk)
+        digests[relative] = hasher.hexdigest()
+    return digests
