@@ -11,9 +11,8 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.core.serializers.json import DjangoJSONEncoder
 
 from replays import approval, planning
-from replays.api.serializers import BatchSerializer
-from replays.models import Batch, PlanStatus, Run
 from replays.formatting import duration, usd
+from replays.models import Batch, PlanStatus, Run
 
 POLL_SECONDS = 1.0
 
@@ -261,7 +260,23 @@ class Command(BaseCommand):
         return "\n".join(lines)
 
     def print_json(self, batch: Batch) -> None:
-        self.stdout.write(json.dumps(BatchSerializer(batch).data, indent=2, cls=DjangoJSONEncoder))
+        runs = [
+            {
+                "id": run.pk,
+                "thread": run.thread_id,
+                "model": run.model,
+                "status": run.status,
+                "phase": run.phase,
+                "files_changed": run.files_changed,
+                "wall_seconds": run.wall_seconds,
+                "cost_usd": run.cost_usd,
+                "failure_code": run.failure_code,
+                "failure_message": run.failure_message,
+            }
+            for run in batch.runs.order_by("id")
+        ]
+        body = {"batch": batch.pk, "plan": batch.plan_id, "finished": batch.finished, "runs": runs}
+        self.stdout.write(json.dumps(body, indent=2, cls=DjangoJSONEncoder))
 
     def fail_if_unfinished(self, batch: Batch) -> None:
         runs = list(batch.runs.all())
