@@ -10,9 +10,9 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.core.serializers.json import DjangoJSONEncoder
 
-from replays import approval, planning
+from replays import approval, dispatch, planning
 from replays.formatting import duration, usd
-from replays.models import Batch, PlanStatus, Run
+from replays.models import Batch, PlanStatus, Run, RunStatus
 
 POLL_SECONDS = 1.0
 
@@ -95,6 +95,9 @@ class Command(BaseCommand):
         except approval.ApprovalError as exc:
             raise CommandError(exc.message) from None
         batch = result.batch
+        # Start what capacity allows right away, so a replay works without a running cluster;
+        # with one running, the claims make this duplicate dispatch harmless.
+        dispatch.dispatch_runs()
         if not self.as_json:
             self.stdout.write(
                 self.style.SUCCESS(f"Approved: batch {batch.pk} with {len(result.runs)} runs.")
@@ -215,6 +218,7 @@ class Command(BaseCommand):
                             )
                 if all(run.is_finished for run in runs):
                     break
+                self.help_dispatch(runs)
                 time.sleep(POLL_SECONDS)
         except KeyboardInterrupt:
             self.stdout.write("")
@@ -228,7 +232,13 @@ class Command(BaseCommand):
 
     def wait_quietly(self, batch: Batch) -> None:
         while not batch.finished:
+            self.help_dispatch(list(batch.runs.all()))
             time.sleep(POLL_SECONDS)
+
+    def help_dispatch(self, runs: list[Run]) -> None:
+        """Queued members start as slots free, even when no cluster is running."""
+        if any(run.status == RunStatus.QUEUED for run in runs):
+            dispatch.dispatch_runs()
 
     def draw_live(self, runs: list[Run], previous_lines: int) -> None:
         if previous_lines:
