@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import secrets
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -9,8 +10,10 @@ from django.contrib.auth.models import User
 from django.core.management.base import BaseCommand, CommandParser
 
 from replays import importing
+from replays.models import Thread
 
 SAMPLES = settings.BASE_DIR / "tests" / "fixtures" / "transcripts" / "real"
+SAMPLE_BUNDLE = settings.BASE_DIR / "tests" / "fixtures" / "repos" / "sample.bundle"
 
 
 class Command(BaseCommand):
@@ -31,13 +34,45 @@ class Command(BaseCommand):
         for result in summary.results:
             if result.outcome == "failed":
                 self.stderr.write(self.style.ERROR(result.error))
+        repository = self.sample_repository()
         password = secrets.token_urlsafe(9)
         user, created = User.objects.get_or_create(username=username)
         user.is_staff = user.is_superuser = True
         user.set_password(password)
         user.save()
         verb = "Created" if created else "Reset the password of"
-        self.stdout.write(self.style.SUCCESS(
-            f"{verb} the local user '{username}'. Log in at http://127.0.0.1:8000/ "
-            f"with username {username} and password {password}"
-        ))
+        self.stdout.write(
+            self.style.SUCCESS(
+                f"{verb} the local user '{username}'. Log in at http://127.0.0.1:8000/ "
+                f"with username {username} and password {password}"
+            )
+        )
+        thread = Thread.objects.filter(source_kind="claude_code").order_by("started_at").first()
+        if thread is not None and repository is not None:
+            self.stdout.write(
+                "Try a replay with the calibration baselines:\n"
+                f"  .venv/bin/python manage.py replay --thread {thread.pk} "
+                f"--from {thread.turns.get(index=0).message_uuid} --model historical --model empty "
+                f"--repository {repository} --user {username} --yes --wait"
+            )
+
+    def sample_repository(self) -> Path | None:
+        """The repository the sample sessions worked in, cloned from its bundle (once)."""
+        target = settings.REPLAYS_VAR_DIR / "sample-repo"
+        if not (target / ".git").exists():
+            cloned = subprocess.run(
+                ["git", "clone", "-q", str(SAMPLE_BUNDLE), str(target)],
+                capture_output=True,
+                text=True,
+            )
+            if cloned.returncode != 0:
+                self.stderr.write(
+                    self.style.WARNING(f"Could not clone the sample repository: {cloned.stderr}")
+                )
+                return None
+            # A local branch for every branch the sessions used (the clone makes only main).
+            subprocess.run(
+                ["git", "-C", str(target), "branch", "-q", "feature/cli", "origin/feature/cli"],
+                capture_output=True,
+            )
+        return target
