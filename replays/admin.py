@@ -7,8 +7,12 @@ from django.http import HttpRequest
 from replays.models import Batch, LaunchError, Plan, Review, Run, Thread, Turn
 
 TOKEN_READONLY = (
-    "input_tokens", "output_tokens", "cache_read_tokens", "cache_write_5m_tokens",
-    "cache_write_1h_tokens", "cost_usd",
+    "input_tokens",
+    "output_tokens",
+    "cache_read_tokens",
+    "cache_write_5m_tokens",
+    "cache_write_1h_tokens",
+    "cost_usd",
 )
 
 
@@ -22,8 +26,16 @@ class TurnInline(admin.TabularInline):
     extra = 0
     can_delete = False
     show_change_link = True
-    fields = ("index", "timestamp", "short_request", "models_used", "input_tokens", "output_tokens",
-              "cost_usd", "seconds")
+    fields = (
+        "index",
+        "timestamp",
+        "short_request",
+        "models_used",
+        "input_tokens",
+        "output_tokens",
+        "cost_usd",
+        "seconds",
+    )
     readonly_fields = fields
 
     @admin.display(description="Request")
@@ -36,17 +48,40 @@ class TurnInline(admin.TabularInline):
 
 @admin.register(Thread)
 class ThreadAdmin(admin.ModelAdmin):
-    list_display = ("title", "source_kind", "cwd", "git_branch", "started_at", "turn_count",
-                    cost_display, "imported_at")
+    list_display = (
+        "title",
+        "source_kind",
+        "cwd",
+        "git_branch",
+        "started_at",
+        "turn_count",
+        cost_display,
+        "imported_at",
+    )
     list_filter = ("source_kind", "git_branch", "started_at")
     search_fields = ("title", "session_id", "cwd", "turns__request")
     date_hierarchy = "started_at"
-    readonly_fields = ("source_kind", "session_id", "source_path", "source_sha256", "source_size",
-                       "git_commit", "cli_version", "turn_count", "models_used", "seconds",
-                       "imported_by", "imported_at", "updated_at", *TOKEN_READONLY)
+    readonly_fields = (
+        "source_kind",
+        "session_id",
+        "source_path",
+        "source_sha256",
+        "source_size",
+        "git_commit",
+        "cli_version",
+        "turn_count",
+        "models_used",
+        "seconds",
+        "imported_by",
+        "imported_at",
+        "updated_at",
+        *TOKEN_READONLY,
+    )
     inlines = [TurnInline]
 
-    def get_search_results(self, request: HttpRequest, queryset: QuerySet[Thread], search_term: str):
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[Thread], search_term: str
+    ):
         queryset, _ = super().get_search_results(request, queryset, search_term)
         # Searching requests joins turns: keep one row per thread.
         return queryset.distinct(), False
@@ -58,8 +93,17 @@ class TurnAdmin(admin.ModelAdmin):
     list_filter = ("thread__source_kind",)
     search_fields = ("request", "message_uuid", "thread__title")
     list_select_related = ("thread",)
-    readonly_fields = ("thread", "index", "message_uuid", "timestamp", "models_used", "usage_by_model",
-                       "seconds", "last_answer_at", *TOKEN_READONLY)
+    readonly_fields = (
+        "thread",
+        "index",
+        "message_uuid",
+        "timestamp",
+        "models_used",
+        "usage_by_model",
+        "seconds",
+        "last_answer_at",
+        *TOKEN_READONLY,
+    )
 
     @admin.display(description="Request")
     def short_request(self, turn: Turn) -> str:
@@ -85,8 +129,19 @@ class PlanAdmin(admin.ModelAdmin):
     search_fields = ("fingerprint", "owner__username", "approval_prompt")
     list_select_related = ("owner",)
     # Approval happens through the protocol only: nothing here can mint or alter a plan.
-    readonly_fields = ("owner", "configuration", "fingerprint", "preparations", "status", "blockers",
-                       "questions", "approval_prompt", "token_hash", "created_at", "expires_at")
+    readonly_fields = (
+        "owner",
+        "configuration",
+        "fingerprint",
+        "preparations",
+        "status",
+        "blockers",
+        "questions",
+        "approval_prompt",
+        "token_hash",
+        "created_at",
+        "expires_at",
+    )
     inlines = [BatchInline]
 
     def has_add_permission(self, request: HttpRequest) -> bool:
@@ -111,7 +166,14 @@ class BatchAdmin(admin.ModelAdmin):
     list_filter = ("approved_at",)
     search_fields = ("owner__username",)
     list_select_related = ("owner", "plan")
-    readonly_fields = ("plan", "owner", "models_list", "configuration", "thread_count", "approved_at")
+    readonly_fields = (
+        "plan",
+        "owner",
+        "models_list",
+        "configuration",
+        "thread_count",
+        "approved_at",
+    )
     inlines = [RunInline]
 
     def has_add_permission(self, request: HttpRequest) -> bool:
@@ -120,16 +182,50 @@ class BatchAdmin(admin.ModelAdmin):
 
 @admin.register(Run)
 class RunAdmin(admin.ModelAdmin):
-    list_display = ("id", "batch", "thread", "model", "status", "phase", "failure_code", "host",
-                    cost_display, "wall_seconds", "created_at")
+    list_display = (
+        "id",
+        "batch",
+        "thread",
+        "model",
+        "status",
+        "phase",
+        "failure_code",
+        "host",
+        cost_display,
+        "wall_seconds",
+        "created_at",
+    )
     list_filter = ("status", "phase", "failure_code", "host", "model")
     search_fields = ("model", "thread__title", "failure_message", "host")
     list_select_related = ("batch", "thread")
-    readonly_fields = ("batch", "thread", "model", "status", "phase", "configuration", "host",
-                       "launcher", "pid", "pid_create_time", "heartbeat_at", "cancel_requested_at",
-                       "workspace_path", "created_at", "claimed_at", "started_at", "finished_at",
-                       "wall_seconds", "model_seconds", "exit_code", "failure_code",
-                       "failure_message", "diff", "log_tail", "report", *TOKEN_READONLY)
+    readonly_fields = (
+        "batch",
+        "thread",
+        "model",
+        "status",
+        "phase",
+        "configuration",
+        "host",
+        "launcher",
+        "pid",
+        "pid_create_time",
+        "heartbeat_at",
+        "cancel_requested_at",
+        "workspace_path",
+        "created_at",
+        "claimed_at",
+        "started_at",
+        "finished_at",
+        "wall_seconds",
+        "model_seconds",
+        "exit_code",
+        "failure_code",
+        "failure_message",
+        "diff",
+        "log_tail",
+        "report",
+        *TOKEN_READONLY,
+    )
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
@@ -148,9 +244,23 @@ class LaunchErrorAdmin(admin.ModelAdmin):
 
 @admin.register(Review)
 class ReviewAdmin(admin.ModelAdmin):
-    list_display = ("thread", "start_message_uuid", "end_message_uuid", "evaluator", "status",
-                    "created_at")
+    list_display = (
+        "thread",
+        "start_message_uuid",
+        "end_message_uuid",
+        "evaluator",
+        "status",
+        "created_at",
+    )
     list_filter = ("status", "evaluator")
     search_fields = ("thread__title", "evaluator")
-    readonly_fields = ("thread", "start_message_uuid", "end_message_uuid", "evaluator", "checks",
-                       "cost_usd", "created_at", "updated_at")
+    readonly_fields = (
+        "thread",
+        "start_message_uuid",
+        "end_message_uuid",
+        "evaluator",
+        "checks",
+        "cost_usd",
+        "created_at",
+        "updated_at",
+    )

@@ -37,10 +37,6 @@ class ApprovalResult:
     idempotent: bool
 
 
-def plans_visible_to(user: AbstractBaseUser) -> Any:
-    return Plan.objects.all() if user.is_staff else Plan.objects.filter(owner=user)
-
-
 def approve_plan(
     *, plan_id: int, user: AbstractBaseUser, approved: Any, prepare_token: Any, run_config: Any
 ) -> ApprovalResult:
@@ -52,7 +48,7 @@ def approve_plan(
         )
     if not isinstance(prepare_token, str) or not prepare_token:
         raise ApprovalError("prepare_token is required.", code="token_required", status=400)
-    plan = plans_visible_to(user).filter(pk=plan_id).first()
+    plan = Plan.objects.visible_to(user).filter(pk=plan_id).first()
     if plan is None:
         raise ApprovalError(f"Plan {plan_id} not found.", code="not_found", status=404)
     token_hash = planning.hash_token(prepare_token)

@@ -5,3 +5,21 @@ class ReplaysConfig(AppConfig):
     name = "replays"
     verbose_name = "Replays"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from django.db.models.signals import post_migrate
+        from django_q.signals import post_spawn
+
+        from replays import tasks
+
+        # The dispatch and reconcile schedules exist wherever the database is migrated.
+        post_migrate.connect(
+            tasks.create_schedules_after_migrate,
+            sender=self,
+            dispatch_uid="replays.create_schedules",
+        )
+        # Reconcile + dispatch when a django-q2 cluster starts (see the handler for why
+        # post_spawn of the first worker is the hook).
+        post_spawn.connect(
+            tasks.reconcile_at_cluster_start, dispatch_uid="replays.reconcile_at_cluster_start"
+        )

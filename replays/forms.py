@@ -1,8 +1,14 @@
 from __future__ import annotations
 
+from typing import Any
+
 from django import forms
 from django.conf import settings
 from django.core.files.uploadedfile import UploadedFile
+from django.utils.text import Truncator
+
+from replays.agents import ModelInfo
+from replays.models import Thread
 
 
 def readable_size(size: int) -> str:
@@ -34,3 +40,138 @@ class TranscriptUploadForm(forms.Form):
                 },
             )
         return upload
+
+
+# --- Replays -----------------------------------------------------------------------------
+
+# The ids of the two calibration baselines (see replays.agents.baselines).
+BASELINE_DESCRIPTIONS = {
+    "historical": "Re-applies the diff the historical session produced: the score a perfect "
+    "replay would get.",
+    "empty": "Changes nothing: the floor any model has to beat.",
+}
+MAX_TIMEOUT_MINUTES = 24 * 60
+
+
+def first_line(text: str, limit: int = 80) -> str:
+    line = next((line.strip() for line in text.splitlines() if line.strip()), "")
+    return Truncator(line).chars(limit) or "(empty request)"
+
+
+class ReplayForm(forms.Form):
+    """One thread, a range of its requests, and the models to replay it with.
+
+    Only shapes the input: prepare (replays.planning) validates the configuration and
+    says what is wrong with it, in the same words the API uses.
+    """
+
+    models = forms.MultipleChoiceField(
+        label="Models", required=False, widget=forms.CheckboxSelectMultiple
+    )
+    start_message_uuid = forms.ChoiceField(label="First request")
+    end_message_uuid = forms.ChoiceField(label="Last request")
+    repository = forms.CharField(
+        label="Repository",
+        required=False,
+        max_length=4096,
+        help_text="Path of a clone on this machine. Default: the thread's folder.",
+    )
+    baseline_commit = forms.CharField(
+        label="Baseline commit",
+        required=False,
+        max_length=64,
+        help_text="Default: the last commit before the first request.",
+    )
+    ending_commit = forms.CharField(
+        label="Ending commit",
+        required=False,
+        max_length=64,
+        help_text="Default: the last commit before the next request.",
+    )
+    timeout_minutes = forms.IntegerField(
+        label="Timeout",
+        min_value=1,
+        max_value=MAX_TIMEOUT_MINUTES,
+        help_text="Minutes per run.",
+    )
+    verify_command = forms.CharField(
+        label="Verify command",
+        required=False,
+        max_length=4000,
+        help_text="Optional, e.g. “pytest -q”: run on the historical result and on every run.",
+    )
+
+    def __init__(self, *args: Any, thread: Thread, model_infos: list[ModelInfo], **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.thread = thread
+        self.model_infos = model_infos
+        self.fields["models"].choices = [(info.id, info.label) for info in model_infos]
+        turns = list(thread.turns.order_by("index").only("index", "message_uuid", "request"))
+        choices = [
+            (turn.message_uuid, f"#{turn.index + 1} · {first_line(turn.request)}") for turn in turns
+        ]
+        self.fields["start_message_uuid"].choices = choices
+        self.fields["end_message_uuid"].choices = choices
+        if turns:
+            self.fields["start_message_uuid"].initial = turns[0].message_uuid
+            self.fields["end_message_uuid"].initial = turns[-1].message_uuid
+        self.fields["timeout_minutes"].initial = max(
+            1, round(settings.REPLAYS_DEFAULT_TIMEOUT_SECONDS / 60)
+        )
+        for name in ("repository", "baseline_commit", "ending_commit", "verify_command"):
+            self.fields[name].widget.attrs.update(autocomplete="off", spellcheck="false")
+        self.fields["repository"].widget.attrs["placeholder"] = thread.cwd or "/path/to/clone"
+
+    def model_options(self) -> list[dict[str, Any]]:
+        """The checkboxes: baselines first (with what they calibrate), then the agents' models."""
+        chosen = set(self["models"].value() or [])
+        options = []
+        for info in self.model_infos:
+            options.append(
+                {
+                    "info": info,
+                    "checked": info.id in chosen and info.available,
+                    "description": BASELINE_DESCRIPTIONS.get(info.id, ""),
+                    "html_id": f"id_models_{len(options)}",
+                }
+            )
+        return options
+
+    def configuration(self) -> dict[str, Any]:
+        """The raw configuration for planning.prepare_plan (call after is_valid())."""
+        data = self.cleaned_data
+        return {
+            "configurations": [
+                {
+                    "thread_id": self.thread.pk,
+                    "start_message_uuid": data["start_message_uuid"],
+                    "end_message_uuid": data["end_message_uuid"],
+                    "repository": data["repository"] or None,
+                    "baseline_commit": data["baseline_commit"] or None,
+                    "ending_commit": data["ending_commit"] or None,
+                }
+            ],
+            "models": data["models"],
+            "timeout_seconds": data["timeout_minutes"] * 60,
+            "verify_command": data["verify_command"] or None,
+        }
+
+
+# A question's answer fills one field of the thread's configuration and prepares again.
+ANSWERABLE_FIELDS = ("repository", "baseline_commit", "ending_commit")
+
+
+class AnswerForm(forms.Form):
+    thread_id = forms.IntegerField(min_value=1)
+    field = forms.ChoiceField(choices=[(name, name) for name in ANSWERABLE_FIELDS])
+    choice = forms.CharField(required=False, max_length=4096)
+    value = forms.CharField(required=False, max_length=4096)
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        # A typed value wins over a picked commit: it is the more deliberate answer.
+        answer = (data.get("value") or "").strip() or (data.get("choice") or "").strip()
+        if not answer:
+            raise forms.ValidationError("Pick one of the commits or type an answer.")
+        data["answer"] = answer
+        return data

@@ -133,7 +133,9 @@ def import_transcript_file(
     try:
         size = path.stat().st_size
     except OSError as exc:
-        return ImportResult(path=path, outcome="failed", error=f"{path}: cannot read ({exc.strerror}).")
+        return ImportResult(
+            path=path, outcome="failed", error=f"{path}: cannot read ({exc.strerror})."
+        )
     if size > limit:
         return ImportResult(
             path=path,
@@ -141,7 +143,9 @@ def import_transcript_file(
             error=f"{path}: {_megabytes(size)} is larger than the transcript limit of {_megabytes(limit)}.",
         )
     sha256 = file_sha256(path)
-    known = Thread.objects.filter(source_path=str(path), source_sha256=sha256, source_size=size).first()
+    known = Thread.objects.filter(
+        source_path=str(path), source_sha256=sha256, source_size=size
+    ).first()
     if known is not None:
         return ImportResult(path=path, outcome="unchanged", thread=known, turns=known.turn_count)
     try:
@@ -149,7 +153,9 @@ def import_transcript_file(
     except TranscriptError as exc:
         return ImportResult(path=path, outcome="failed", error=str(exc))
     except OSError as exc:
-        return ImportResult(path=path, outcome="failed", error=f"{path}: cannot read ({exc.strerror}).")
+        return ImportResult(
+            path=path, outcome="failed", error=f"{path}: cannot read ({exc.strerror})."
+        )
     thread, outcome = _save_thread(parsed, path=path, sha256=sha256, size=size, user=user)
     return ImportResult(
         path=path, outcome=outcome, thread=thread, turns=len(parsed.turns), problems=parsed.problems
@@ -215,7 +221,9 @@ def _save_thread(
         **totals,
     }
     with transaction.atomic():
-        thread = Thread.objects.filter(source_kind=parsed.kind, session_id=parsed.session_id).first()
+        thread = Thread.objects.filter(
+            source_kind=parsed.kind, session_id=parsed.session_id
+        ).first()
         if thread is not None and thread.source_sha256 == sha256:
             # Same content seen under another path: remember where it lives now.
             if thread.source_path != str(path):

@@ -6,9 +6,11 @@ constraint; every choices field is backed by a CheckConstraint.
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.conf import settings
 from django.db import models
-from django.db.models import F, Q
+from django.db.models import Exists, F, OuterRef, Q
 from django.urls import reverse
 from django.utils import timezone
 
@@ -64,6 +66,32 @@ class TokenTotals(models.Model):
         return {name: getattr(self, name) for name in TOKEN_FIELDS}
 
 
+class ThreadQuerySet(models.QuerySet["Thread"]):
+    def search(self, text: str) -> ThreadQuerySet:
+        """Threads whose title, folder or any request contains the text (case-insensitive)."""
+        text = text.strip()
+        if not text:
+            return self
+        # Exists, not a join: a thread matching in many turns is listed once.
+        in_requests = Exists(Turn.objects.filter(thread=OuterRef("pk"), request__icontains=text))
+        return self.filter(Q(title__icontains=text) | Q(cwd__icontains=text) | in_requests)
+
+
+class OwnedQuerySet(models.QuerySet):  # type: ignore[type-arg]
+    """Rows a user may see: their own; staff see all."""
+
+    owner_path = "owner"
+
+    def visible_to(self, user: Any) -> OwnedQuerySet:
+        if user.is_staff:
+            return self
+        return self.filter(**{self.owner_path: user})
+
+
+class RunQuerySet(OwnedQuerySet):
+    owner_path = "batch__owner"
+
+
 class SourceKind(models.TextChoices):
     CLAUDE_CODE = "claude_code", "Claude Code"
     CODEX = "codex", "Codex"
@@ -98,6 +126,8 @@ class Thread(TokenTotals):
     )
     imported_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(auto_now=True)
+
+    objects = ThreadQuerySet.as_manager()
 
     class Meta:
         ordering = [F("started_at").desc(nulls_last=True), "-id"]
@@ -186,6 +216,8 @@ class Plan(models.Model):
     created_at = models.DateTimeField(default=timezone.now)
     expires_at = models.DateTimeField()
 
+    objects = OwnedQuerySet.as_manager()
+
     class Meta:
         ordering = ["-created_at", "-id"]
         constraints = [
@@ -223,6 +255,8 @@ class Batch(models.Model):
     configuration = models.JSONField(default=dict)
     thread_count = models.PositiveIntegerField()
     approved_at = models.DateTimeField(default=timezone.now)
+
+    objects = OwnedQuerySet.as_manager()
 
     class Meta:
         ordering = ["-approved_at", "-id"]
@@ -305,7 +339,7 @@ class Run(TokenTotals):
     # The exact approved configuration this member runs with.
     configuration = models.JSONField(default=dict)
     host = models.CharField(max_length=255, blank=True)
-    launcher = models.CharField(max_length=255, blank=True)
+    launcher = models.CharField(max_length=320, blank=True)
     pid = models.PositiveIntegerField(null=True, blank=True)
     # A pid alone does not identify a process after a restart: keep its create time too.
     pid_create_time = models.FloatField(null=True, blank=True)
@@ -332,6 +366,8 @@ class Run(TokenTotals):
     files_changed = models.PositiveIntegerField(default=0)
     log_tail = models.TextField(blank=True)
     report = models.JSONField(null=True, blank=True)
+
+    objects = RunQuerySet.as_manager()
 
     class Meta:
         ordering = ["-created_at", "-id"]

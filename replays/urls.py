@@ -8,4 +8,12 @@ urlpatterns = [
     path("", views.thread_list, name="thread-list"),
     path("threads/<int:pk>/", views.thread_detail, name="thread-detail"),
     path("threads/upload/", views.thread_upload, name="thread-upload"),
+    path("plans/<int:pk>/", views.plan_detail, name="plan-detail"),
+    path("plans/<int:pk>/approve/", views.plan_approve, name="plan-approve"),
+    path("plans/<int:pk>/prepare-again/", views.plan_prepare_again, name="plan-prepare-again"),
+    path("batches/", views.batch_list, name="batch-list"),
+    path("batches/<int:pk>/", views.batch_detail, name="batch-detail"),
+    path("batches/<int:pk>/cancel/", views.batch_cancel, name="batch-cancel"),
+    path("runs/<int:pk>/", views.run_detail, name="run-detail"),
+    path("runs/<int:pk>/cancel/", views.run_cancel, name="run-cancel"),
 ]

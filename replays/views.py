@@ -1,27 +1,45 @@
-"""Server-rendered pages: the thread list, one thread, and the transcript upload.
+"""Server-rendered pages: threads, the transcript upload, and replaying (plan, batch, run).
 
-Thin: reads go straight to the models, the one write (an upload) goes through
-replays.importing, the same service the command and the API use.
+Thin: reads go straight to the models; writes go through the services the command
+and the API use (importing, planning, approval, dispatch).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import copy
+import json
+from dataclasses import dataclass, field
+from datetime import datetime
 from decimal import Decimal
+from typing import Any
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
-from django.db.models import Count, Exists, OuterRef, Q, QuerySet, Sum
+from django.db.models import Count, Prefetch, Q, QuerySet, Sum
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.template.defaultfilters import pluralize
+from django.urls import reverse
+from django.utils import timezone
+from django.utils.http import url_has_allowed_host_and_scheme
 from django.utils.text import Truncator
-from django.views.decorators.http import require_http_methods
+from django.views.decorators.http import require_http_methods, require_POST
 
-from replays import importing
-from replays.forms import TranscriptUploadForm, readable_size
-from replays.models import TOKEN_FIELDS, Thread, Turn
+from replays import agents, approval, dispatch, importing, planning
+from replays.forms import AnswerForm, ReplayForm, TranscriptUploadForm, readable_size
+from replays.models import (
+    ACTIVE_RUN_STATUSES,
+    TOKEN_FIELDS,
+    Batch,
+    LaunchError,
+    Plan,
+    PlanStatus,
+    Run,
+    RunStatus,
+    Thread,
+    Turn,
+)
 
 THREADS_PER_PAGE = 25
 MAX_QUERY_LENGTH = 200
@@ -29,15 +47,6 @@ MAX_QUERY_LENGTH = 200
 REQUEST_PREVIEW_LINES = 20
 REQUEST_PREVIEW_CHARS = 4000
 MAX_PROBLEMS_SHOWN = 10
-
-
-def search_threads(threads: QuerySet[Thread], query: str) -> QuerySet[Thread]:
-    """Threads whose title, folder or any request contains the query (case-insensitive)."""
-    if not query:
-        return threads
-    # Exists, not a join: a thread matching in many turns is listed once.
-    in_requests = Exists(Turn.objects.filter(thread=OuterRef("pk"), request__icontains=query))
-    return threads.filter(Q(title__icontains=query) | Q(cwd__icontains=query) | in_requests)
 
 
 @dataclass
@@ -67,7 +76,7 @@ def list_totals(threads: QuerySet[Thread]) -> ListTotals:
 @login_required
 def thread_list(request: HttpRequest) -> HttpResponse:
     query = request.GET.get("q", "").strip()[:MAX_QUERY_LENGTH]
-    threads = search_threads(Thread.objects.all(), query)
+    threads = Thread.objects.search(query)
     page = Paginator(threads, THREADS_PER_PAGE).get_page(request.GET.get("page"))
     return render(
         request,
@@ -116,14 +125,36 @@ def split_request(text: str) -> tuple[str, str]:
     return text[:cut], text[cut:]
 
 
-@login_required
-def thread_detail(request: HttpRequest, pk: int) -> HttpResponse:
-    thread = get_object_or_404(Thread, pk=pk)
+def _thread_page(
+    request: HttpRequest, thread: Thread, form: ReplayForm, *, status: int = 200
+) -> HttpResponse:
     turns = []
     for turn in thread.turns.order_by("index"):
         head, rest = split_request(turn.request)
         turns.append(TurnView(turn=turn, head=head, rest=rest))
-    return render(request, "replays/thread_detail.html", {"thread": thread, "turns": turns})
+    context = {"thread": thread, "turns": turns, "form": form}
+    return render(request, "replays/thread_detail.html", context, status=status)
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def thread_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    """The thread, its turns, and the form that prepares a replay of them."""
+    thread = get_object_or_404(Thread, pk=pk)
+    model_infos = agents.discover_models()
+    if request.method != "POST":
+        return _thread_page(request, thread, ReplayForm(thread=thread, model_infos=model_infos))
+    form = ReplayForm(request.POST, thread=thread, model_infos=model_infos)
+    if form.is_valid():
+        try:
+            prepared = planning.prepare_plan(
+                owner=request.user, raw_configuration=form.configuration()
+            )
+        except (planning.PlanInputError, planning.PrepareConflict) as exc:
+            form.add_error(None, exc.message)
+        else:
+            return _after_prepare(request, prepared)
+    return _thread_page(request, thread, form, status=400)
 
 
 def _import_message(result: importing.ImportResult) -> str:
@@ -174,3 +205,541 @@ def thread_upload(request: HttpRequest) -> HttpResponse:
                 messages.warning(request, _problems_message(result))
             return redirect(result.thread)
     return _upload_page(request, form, status=400)
+
+
+# --- Replays: who sees what ----------------------------------------------------------------
+
+BATCHES_PER_PAGE = 25
+# The diff on the run page is for reading; the raw diff link has all of it.
+MAX_DIFF_LINES = 5000
+# The session keeps the prepare token the page flow never shows (the API shows it once).
+SESSION_TOKEN_PREFIX = "prepare_token:"
+
+
+def _token_key(plan_id: int) -> str:
+    return f"{SESSION_TOKEN_PREFIX}{plan_id}"
+
+
+def _model_labels() -> dict[str, str]:
+    return {info.id: info.label for info in agents.discover_models()}
+
+
+def _safe_next(request: HttpRequest, default: str) -> str:
+    target = request.POST.get("next", "")
+    if target and url_has_allowed_host_and_scheme(
+        target, allowed_hosts={request.get_host()}, require_https=request.is_secure()
+    ):
+        return target
+    return default
+
+
+# --- Plans ---------------------------------------------------------------------------------
+
+
+def _after_prepare(request: HttpRequest, prepared: planning.PreparedPlan) -> HttpResponse:
+    plan = prepared.plan
+    if prepared.prepare_token is not None:
+        request.session[_token_key(plan.pk)] = prepared.prepare_token
+    return redirect("replays:plan-detail", pk=plan.pk)
+
+
+@dataclass
+class PageError:
+    """An approval refusal as the plan page shows it."""
+
+    message: str
+    code: str
+    # Most refusals are cured by preparing the same configuration again.
+    can_prepare_again: bool = True
+
+
+@dataclass
+class ThreadPreparationView:
+    item: dict[str, Any]
+    preparation: dict[str, Any]
+    thread: Thread | None
+    first_turn: int | None = None
+    last_turn: int | None = None
+    questions: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def title(self) -> str:
+        if self.thread is not None:
+            return str(self.thread)
+        return self.item.get("thread_title") or f"Thread {self.item['thread_id']}"
+
+
+ANSWER_LABELS = {
+    "repository": "Repository path",
+    "baseline_commit": "Baseline commit",
+    "ending_commit": "Ending commit",
+}
+
+
+def _question_view(question: dict[str, Any]) -> dict[str, Any]:
+    """A stored question with its field named for people and its commit dates parsed."""
+    choices = []
+    for choice in question.get("choices", []):
+        try:
+            committed_at = datetime.fromisoformat(choice.get("committed_at", ""))
+        except (TypeError, ValueError):
+            committed_at = None
+        choices.append({**choice, "committed_at": committed_at})
+    field_name = question.get("field", "")
+    return {
+        **question,
+        "choices": choices,
+        "field_label": ANSWER_LABELS.get(field_name, field_name),
+        "answerable": field_name in ANSWER_LABELS,
+    }
+
+
+def _preparation_views(plan: Plan) -> list[ThreadPreparationView]:
+    items = plan.configuration.get("configurations", [])
+    threads = Thread.objects.in_bulk([item["thread_id"] for item in items])
+    preparations = {prep.get("thread_id"): prep for prep in plan.preparations}
+    uuids = {
+        prep.get(key)
+        for prep in plan.preparations
+        for key in ("start_message_uuid", "end_message_uuid")
+        if prep.get(key)
+    }
+    turn_numbers = {
+        (thread_id, uuid): index + 1
+        for thread_id, uuid, index in Turn.objects.filter(
+            thread__in=list(threads), message_uuid__in=uuids
+        ).values_list("thread_id", "message_uuid", "index")
+    }
+    views = []
+    for item in items:
+        thread_id = item["thread_id"]
+        prep = preparations.get(thread_id, {})
+        views.append(
+            ThreadPreparationView(
+                item=item,
+                preparation=prep,
+                thread=threads.get(thread_id),
+                first_turn=turn_numbers.get((thread_id, prep.get("start_message_uuid"))),
+                last_turn=turn_numbers.get((thread_id, prep.get("end_message_uuid"))),
+                questions=[
+                    _question_view(q) for q in plan.questions if q.get("thread_id") == thread_id
+                ],
+            )
+        )
+    return views
+
+
+def _plan_state(plan: Plan, batch: Batch | None) -> tuple[str, str]:
+    """(badge class, label): approved and expired say more than the prepared status."""
+    if batch is not None:
+        return "approved", "Approved"
+    if plan.is_expired:
+        return "expired", "Expired"
+    return plan.status, plan.get_status_display()
+
+
+def _plan_page(
+    request: HttpRequest,
+    plan: Plan,
+    *,
+    error: PageError | None = None,
+    answer_form: AnswerForm | None = None,
+    status: int = 200,
+) -> HttpResponse:
+    batch = plan.batch
+    state, state_label = _plan_state(plan, batch)
+    labels = _model_labels()
+    configuration = plan.configuration
+    context = {
+        "plan": plan,
+        "batch": batch,
+        "state": state,
+        "state_label": state_label,
+        "threads": _preparation_views(plan),
+        "models": [(model, labels.get(model, model)) for model in configuration["models"]],
+        "timeout_seconds": configuration.get("timeout_seconds"),
+        "verify_command": configuration.get("verify_command"),
+        "ready": plan.status == PlanStatus.READY_FOR_APPROVAL,
+        "expired": plan.is_expired,
+        "has_token": _token_key(plan.pk) in request.session,
+        "error": error,
+        "answer_form": answer_form,
+    }
+    return render(request, "replays/plan_detail.html", context, status=status)
+
+
+@login_required
+def plan_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    plan = get_object_or_404(Plan.objects.visible_to(request.user), pk=pk)
+    return _plan_page(request, plan)
+
+
+@login_required
+@require_POST
+def plan_prepare_again(request: HttpRequest, pk: int) -> HttpResponse:
+    """Prepare the plan's configuration again, with a question's answer filled in if given."""
+    plan = get_object_or_404(Plan.objects.visible_to(request.user), pk=pk)
+    configuration = copy.deepcopy(plan.configuration)
+    if "field" in request.POST:
+        form = AnswerForm(request.POST)
+        if not form.is_valid():
+            return _plan_page(request, plan, answer_form=form, status=400)
+        answer = form.cleaned_data
+        item = next(
+            (c for c in configuration["configurations"] if c["thread_id"] == answer["thread_id"]),
+            None,
+        )
+        if item is None:
+            form.add_error("thread_id", "That thread is not part of this plan.")
+            return _plan_page(request, plan, answer_form=form, status=400)
+        item[answer["field"]] = answer["answer"]
+    try:
+        prepared = planning.prepare_plan(owner=request.user, raw_configuration=configuration)
+    except (planning.PlanInputError, planning.PrepareConflict) as exc:
+        error = PageError(exc.message, exc.code, can_prepare_again=False)
+        return _plan_page(request, plan, error=error, status=exc.status)
+    return _after_prepare(request, prepared)
+
+
+@login_required
+@require_POST
+def plan_approve(request: HttpRequest, pk: int) -> HttpResponse:
+    plan = get_object_or_404(Plan.objects.visible_to(request.user), pk=pk)
+    token = request.session.get(_token_key(plan.pk))
+    if token is None:
+        batch = plan.batch
+        if batch is not None:
+            messages.info(request, f"Plan {plan.pk} was already approved: this is its batch.")
+            return redirect(batch)
+        error = PageError(
+            "This plan's prepare token is not in this browser session (the plan was prepared "
+            "through the API or in another browser). Prepare it again to approve it here.",
+            code="token_not_in_session",
+        )
+        return _plan_page(request, plan, error=error, status=403)
+    try:
+        result = approval.approve_plan(
+            plan_id=plan.pk,
+            user=request.user,
+            # The button sends approved=true: the explicit approval the service requires.
+            approved=request.POST.get("approved") == "true",
+            prepare_token=token,
+            run_config=plan.configuration,
+        )
+    except approval.ApprovalError as exc:
+        error = PageError(exc.message, exc.code, can_prepare_again=exc.code != "not_found")
+        return _plan_page(request, plan, error=error, status=exc.status)
+    if result.idempotent:
+        messages.info(request, f"Plan {plan.pk} was already approved: this is its batch.")
+    else:
+        runs = len(result.runs)
+        messages.success(request, f"Approved: {runs} run{pluralize(runs)} queued.")
+    return redirect(result.batch)
+
+
+# --- Batches -------------------------------------------------------------------------------
+
+
+@dataclass
+class RunCard:
+    """One run as its card shows it."""
+
+    run: Run
+    label: str
+    launch_error: LaunchError | None
+    now: datetime
+
+    @property
+    def is_active(self) -> bool:
+        return self.run.status in ACTIVE_RUN_STATUSES
+
+    @property
+    def elapsed(self) -> float | None:
+        """Wall time: final once finished, running so far while it runs."""
+        run = self.run
+        if run.wall_seconds is not None:
+            return run.wall_seconds
+        if run.started_at is not None:
+            end = run.finished_at or self.now
+            return max(0.0, (end - run.started_at).total_seconds())
+        return None
+
+    @property
+    def failure_message_shown(self) -> bool:
+        """The failure, unless the launch error beside it already says the same."""
+        run = self.run
+        if not run.failure_code:
+            return False
+        return self.launch_error is None or run.failure_message.strip() not in (
+            "",
+            self.launch_error.message.strip(),
+        )
+
+    @property
+    def cost_is_unknown(self) -> bool:
+        """An ended run that did work without a price: "unknown price", never $0 or a dash.
+
+        While a run is active its cost is simply not computed yet.
+        """
+        run = self.run
+        return (
+            run.cost_usd is None
+            and run.is_finished
+            and (run.status == RunStatus.COMPLETED or run.total_tokens > 0)
+        )
+
+
+def _run_cards(runs: list[Run], labels: dict[str, str]) -> list[RunCard]:
+    now = timezone.now()
+    return [
+        RunCard(
+            run=run,
+            label=labels.get(run.model, run.model),
+            launch_error=next(iter(run.launch_errors.all()), None),
+            now=now,
+        )
+        for run in runs
+    ]
+
+
+@dataclass
+class ThreadGroup:
+    thread: Thread
+    cards: list[RunCard]
+
+
+@dataclass
+class StatusCount:
+    status: str
+    label: str
+    count: int
+
+
+def _status_counts(runs: list[Run]) -> list[StatusCount]:
+    counts = [
+        StatusCount(value, label, sum(1 for run in runs if run.status == value))
+        for value, label in RunStatus.choices
+    ]
+    return [item for item in counts if item.count]
+
+
+def batch_state(*, active: int, unreported: int) -> tuple[str, str]:
+    """(badge class, label) of a batch from its counts of active and unreported runs."""
+    if active:
+        return "running", "In progress"
+    if unreported:
+        return "finished", "Finished · reviews pending"
+    return "results_ready", "Results ready"
+
+
+@login_required
+def batch_list(request: HttpRequest) -> HttpResponse:
+    by_status = {
+        f"count_{value}": Count("runs", filter=Q(runs__status=value)) for value in RunStatus.values
+    }
+    batches = (
+        Batch.objects.visible_to(request.user)
+        .select_related("owner")
+        .annotate(
+            run_count=Count("runs"),
+            known_cost=Sum("runs__cost_usd"),
+            unknown_cost=Count(
+                "runs", filter=Q(runs__status=RunStatus.COMPLETED, runs__cost_usd__isnull=True)
+            ),
+            unreported=Count("runs", filter=Q(runs__status=RunStatus.COMPLETED, runs__report=None)),
+            **by_status,
+        )
+        .order_by("-approved_at", "-id")
+    )
+    page = Paginator(batches, BATCHES_PER_PAGE).get_page(request.GET.get("page"))
+    titles: dict[int, list[Thread]] = {}
+    runs = (
+        Run.objects.filter(batch__in=[batch.pk for batch in page.object_list])
+        .select_related("thread")
+        .order_by("batch_id", "thread_id")
+    )
+    for run in runs:
+        threads = titles.setdefault(run.batch_id, [])
+        if run.thread not in threads:
+            threads.append(run.thread)
+    labels = _model_labels()
+    rows = []
+    for batch in page.object_list:
+        active = sum(getattr(batch, f"count_{value}") for value in ACTIVE_RUN_STATUSES)
+        state, state_label = batch_state(active=active, unreported=batch.unreported)
+        rows.append(
+            {
+                "batch": batch,
+                "threads": titles.get(batch.pk, []),
+                "models": [(model, labels.get(model, model)) for model in batch.models_list],
+                "counts": [
+                    StatusCount(value, label, getattr(batch, f"count_{value}"))
+                    for value, label in RunStatus.choices
+                    if getattr(batch, f"count_{value}")
+                ],
+                "state": state,
+                "state_label": state_label,
+            }
+        )
+    return render(
+        request,
+        "replays/batch_list.html",
+        {
+            "page": page,
+            "rows": rows,
+            "page_range": page.paginator.get_elided_page_range(
+                page.number, on_each_side=2, on_ends=1
+            ),
+            "show_owner": request.user.is_staff,
+        },
+    )
+
+
+@login_required
+def batch_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    batch = get_object_or_404(Batch.objects.visible_to(request.user).select_related("plan"), pk=pk)
+    # A batch is shown whole, however old its runs are: no window here.
+    runs = list(
+        batch.runs.select_related("thread").prefetch_related(
+            Prefetch("launch_errors", queryset=LaunchError.objects.order_by("id"))
+        )
+    )
+    model_order = {model: index for index, model in enumerate(batch.models_list)}
+    runs.sort(key=lambda run: (model_order.get(run.model, len(model_order)), run.pk))
+    labels = _model_labels()
+    cards = _run_cards(runs, labels)
+    groups: dict[int, ThreadGroup] = {}
+    for card in cards:
+        thread = card.run.thread
+        groups.setdefault(thread.pk, ThreadGroup(thread=thread, cards=[])).cards.append(card)
+    active = sum(1 for run in runs if run.status in ACTIVE_RUN_STATUSES)
+    unreported = sum(1 for run in runs if run.status == RunStatus.COMPLETED and run.report is None)
+    state, state_label = batch_state(active=active, unreported=unreported)
+    known = [run.cost_usd for run in runs if run.cost_usd is not None]
+    finished_at = max((run.finished_at for run in runs if run.finished_at), default=None)
+    return render(
+        request,
+        "replays/batch_detail.html",
+        {
+            "batch": batch,
+            "groups": list(groups.values()),
+            "models": [(model, labels.get(model, model)) for model in batch.models_list],
+            "counts": _status_counts(runs),
+            "run_count": len(runs),
+            "active": active,
+            "state": state,
+            "state_label": state_label,
+            "finished_at": None if active else finished_at,
+            "known_cost": sum(known, Decimal(0)) if known else None,
+            "unknown_cost_runs": sum(1 for card in cards if card.cost_is_unknown),
+            "tokens": sum(run.total_tokens for run in runs),
+            "refresh_seconds": 3 if active else None,
+        },
+    )
+
+
+@login_required
+@require_POST
+def batch_cancel(request: HttpRequest, pk: int) -> HttpResponse:
+    batch = get_object_or_404(Batch.objects.visible_to(request.user), pk=pk)
+    active_before = batch.runs.filter(status__in=ACTIVE_RUN_STATUSES).count()
+    dispatch.cancel_batch(batch=batch)
+    if not active_before:
+        messages.info(request, "Nothing to cancel: every run of this batch had already ended.")
+    else:
+        running = batch.runs.filter(status=RunStatus.RUNNING).count()
+        cancelled = active_before - running
+        text = f"Cancelled {cancelled} run{pluralize(cancelled)}."
+        if running:
+            text += f" {running} running run{pluralize(running)} will stop within a few seconds."
+        messages.success(request, text)
+    return redirect(batch)
+
+
+# --- Runs ----------------------------------------------------------------------------------
+
+
+@dataclass
+class DiffLine:
+    kind: str  # file, meta, hunk, add, del, context, note
+    text: str
+
+
+def diff_lines(diff: str) -> list[DiffLine]:
+    """A unified git diff cut into lines classed for colouring (the template escapes the text).
+
+    Inside a hunk the first character decides; a removed line that reads "--- x" is
+    still a removal, so headers are only recognised between `diff --git` and `@@`.
+    """
+    lines: list[DiffLine] = []
+    in_hunk = False
+    for text in diff.splitlines():
+        if text.startswith("diff --git "):
+            in_hunk = False
+            kind = "file"
+        elif text.startswith("@@"):
+            in_hunk = True
+            kind = "hunk"
+        elif not in_hunk:
+            kind = "meta"
+        elif text.startswith("+"):
+            kind = "add"
+        elif text.startswith("-"):
+            kind = "del"
+        elif text.startswith("\\"):
+            kind = "note"
+        else:
+            kind = "context"
+        lines.append(DiffLine(kind, text))
+    return lines
+
+
+@login_required
+def run_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    run = get_object_or_404(
+        Run.objects.visible_to(request.user).select_related("thread", "batch"), pk=pk
+    )
+    [card] = _run_cards([run], _model_labels())
+    lines = diff_lines(run.diff)
+    configuration = dict(run.configuration)
+    request_text = configuration.pop("request", None)
+    return render(
+        request,
+        "replays/run_detail.html",
+        {
+            "run": run,
+            "card": card,
+            "diff_lines": lines[:MAX_DIFF_LINES],
+            "diff_line_count": len(lines),
+            "diff_truncated": len(lines) > MAX_DIFF_LINES,
+            "additions": sum(1 for line in lines if line.kind == "add"),
+            "deletions": sum(1 for line in lines if line.kind == "del"),
+            "configuration_json": json.dumps(configuration, indent=2, ensure_ascii=False),
+            "request_text": request_text,
+            "report_json": (
+                json.dumps(run.report, indent=2, ensure_ascii=False)
+                if run.report is not None
+                else None
+            ),
+            "raw_diff_url": reverse("api-run-diff", args=[run.pk]),
+            "refresh_seconds": 3 if card.is_active else None,
+        },
+    )
+
+
+@login_required
+@require_POST
+def run_cancel(request: HttpRequest, pk: int) -> HttpResponse:
+    run = get_object_or_404(
+        Run.objects.visible_to(request.user).select_related("thread", "batch"), pk=pk
+    )
+    before = run.status
+    run = dispatch.cancel_run(run=run)
+    name = f"Run {run.pk} ({run.model})"
+    if run.status == RunStatus.CANCELLED and before != RunStatus.CANCELLED:
+        messages.success(request, f"{name} cancelled.")
+    elif run.status == RunStatus.RUNNING:
+        messages.info(request, f"Cancel requested: {name} stops within a few seconds.")
+    else:
+        messages.info(request, f"{name} had already ended ({run.get_status_display().lower()}).")
+    return redirect(_safe_next(request, run.batch.get_absolute_url()))

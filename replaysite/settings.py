@@ -102,7 +102,9 @@ CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
 # --- Limits --------------------------------------------------------------------------
 
 REPLAYS_MAX_PARALLEL_RUNS = env_int("REPLAYS_MAX_PARALLEL_RUNS", 2, minimum=1)
-REPLAYS_MAX_RUNS_PER_HOST = env_int("REPLAYS_MAX_RUNS_PER_HOST", REPLAYS_MAX_PARALLEL_RUNS, minimum=1)
+REPLAYS_MAX_RUNS_PER_HOST = env_int(
+    "REPLAYS_MAX_RUNS_PER_HOST", REPLAYS_MAX_PARALLEL_RUNS, minimum=1
+)
 # This machine's name in Run.host: capacity per host and same-host process checks use it.
 REPLAYS_HOST_NAME = env_str("REPLAYS_HOST_NAME") or socket.gethostname()
 # Coordinators write a heartbeat (and check for cancel) this often; a heartbeat older than

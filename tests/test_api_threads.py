@@ -3,7 +3,6 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from decimal import Decimal
-from pathlib import Path
 
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
@@ -15,29 +14,60 @@ pytestmark = pytest.mark.django_db
 
 
 def claude_line(kind: str, uuid: str, ts: str, message: dict, **extra: object) -> str:
-    return json.dumps({"type": kind, "uuid": uuid, "parentUuid": None, "sessionId": "api-session",
-                       "timestamp": ts, "cwd": "/home/alice/app", "gitBranch": "main",
-                       "version": "2.1.197", "isSidechain": False, "message": message, **extra})
+    return json.dumps(
+        {
+            "type": kind,
+            "uuid": uuid,
+            "parentUuid": None,
+            "sessionId": "api-session",
+            "timestamp": ts,
+            "cwd": "/home/alice/app",
+            "gitBranch": "main",
+            "version": "2.1.197",
+            "isSidechain": False,
+            "message": message,
+            **extra,
+        }
+    )
 
 
 def small_transcript(extra_request: str = "") -> bytes:
     lines = [
-        claude_line("user", "u1", "2026-11-01T10:00:00.000Z", {"role": "user", "content": "Add a test"}),
-        claude_line("assistant", "a1", "2026-11-01T10:00:05.000Z", {
-            "id": "msg_1", "model": "claude-sonnet-4-5", "role": "assistant",
-            "content": [{"type": "text", "text": "Done."}],
-            "usage": {"input_tokens": 1000, "output_tokens": 200, "cache_read_input_tokens": 0,
-                      "cache_creation_input_tokens": 0}}, requestId="req_1"),
+        claude_line(
+            "user", "u1", "2026-11-01T10:00:00.000Z", {"role": "user", "content": "Add a test"}
+        ),
+        claude_line(
+            "assistant",
+            "a1",
+            "2026-11-01T10:00:05.000Z",
+            {
+                "id": "msg_1",
+                "model": "claude-sonnet-4-5",
+                "role": "assistant",
+                "content": [{"type": "text", "text": "Done."}],
+                "usage": {
+                    "input_tokens": 1000,
+                    "output_tokens": 200,
+                    "cache_read_input_tokens": 0,
+                    "cache_creation_input_tokens": 0,
+                },
+            },
+            requestId="req_1",
+        ),
     ]
     if extra_request:
-        lines.append(claude_line("user", "u2", "2026-11-01T10:01:00.000Z",
-                                 {"role": "user", "content": extra_request}))
+        lines.append(
+            claude_line(
+                "user", "u2", "2026-11-01T10:01:00.000Z", {"role": "user", "content": extra_request}
+            )
+        )
     return ("\n".join(lines) + "\n").encode()
 
 
 def upload(api: APIClient, content: bytes, name: str = "session.jsonl"):
-    return api.post("/api/threads/import", {"file": SimpleUploadedFile(name, content)},
-                    format="multipart")
+    return api.post(
+        "/api/threads/import", {"file": SimpleUploadedFile(name, content)}, format="multipart"
+    )
 
 
 def test_api_needs_authentication(client) -> None:
@@ -46,7 +76,9 @@ def test_api_needs_authentication(client) -> None:
     assert response.json()["error"]["code"] in ("not_authenticated", "permission_denied")
 
 
-def test_thread_list_is_paginated(api_client: APIClient, make_thread: Callable[..., Thread]) -> None:
+def test_thread_list_is_paginated(
+    api_client: APIClient, make_thread: Callable[..., Thread]
+) -> None:
     for _ in range(55):
         make_thread(turns=1)
     first = api_client.get("/api/threads/").json()
@@ -74,19 +106,31 @@ def test_thread_list_search_matches_title_folder_and_request(
     assert titles("nothing like this") == 0
 
 
-def test_thread_detail_lists_turns(api_client: APIClient, make_thread: Callable[..., Thread]) -> None:
+def test_thread_detail_lists_turns(
+    api_client: APIClient, make_thread: Callable[..., Thread]
+) -> None:
     thread = make_thread(turns=3, cost=Decimal("0.5"))
     body = api_client.get(f"/api/threads/{thread.pk}/").json()
     assert [turn["index"] for turn in body["turns"]] == [0, 1, 2]
     turn = body["turns"][0]
-    assert set(turn) == {"message_uuid", "index", "timestamp", "request", "models", "tokens",
-                         "cost_usd", "seconds"}
+    assert set(turn) == {
+        "message_uuid",
+        "index",
+        "timestamp",
+        "request",
+        "models",
+        "tokens",
+        "cost_usd",
+        "seconds",
+    }
     assert turn["tokens"]["input"] == 100 and turn["tokens"]["total"] == 150
     assert turn["cost_usd"] == 0.5
     assert body["cost_usd"] == 1.5
 
 
-def test_unknown_cost_is_null_not_zero(api_client: APIClient, make_thread: Callable[..., Thread]) -> None:
+def test_unknown_cost_is_null_not_zero(
+    api_client: APIClient, make_thread: Callable[..., Thread]
+) -> None:
     thread = make_thread(cost=None)
     body = api_client.get(f"/api/threads/{thread.pk}/").json()
     assert body["cost_usd"] is None
@@ -143,8 +187,9 @@ def test_import_refuses_a_file_over_the_limit_with_413(api_client: APIClient, se
 
 
 def test_request_bodies_over_two_mebibytes_are_refused_with_413(api_client: APIClient) -> None:
-    response = api_client.post("/api/threads/", data="x" * (2 * 1024 * 1024 + 1),
-                               content_type="application/json")
+    response = api_client.post(
+        "/api/threads/", data="x" * (2 * 1024 * 1024 + 1), content_type="application/json"
+    )
     assert response.status_code == 413
     assert response.json()["error"]["code"] == "too_large"
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -169,3 +170,37 @@ def test_log_out_returns_to_the_login_page(page: Page, live_server: Any, user: A
     expect(page).to_have_url(live_server.url + "/accounts/login/")
     page.goto(live_server.url + "/")
     expect(page).to_have_url(live_server.url + "/accounts/login/?next=/")
+
+
+def test_replay_a_thread_from_its_page_and_approve_it(
+    page: Page, live_server: Any, user: Any, real_threads: dict[str, Thread], sample_repo: Path
+) -> None:
+    from replays.models import Batch
+
+    thread = real_threads["claude-line-count"]
+    log_in(page, live_server.url)
+    page.goto(live_server.url + thread.get_absolute_url())
+    page.get_by_role("link", name="Replay…").click()
+    form = page.locator("#replay")
+    form.get_by_label("Historical result (baseline)").check()
+    form.get_by_label("No change (baseline)").check()
+    first = form.get_by_label("First request")
+    first.select_option(index=0)
+    form.get_by_label("Last request").select_option(first.input_value())
+    form.get_by_label("Repository").fill(str(sample_repo))
+    form.get_by_role("button", name="Prepare replay").click()
+
+    expect(page).to_have_url(re.compile(r"/plans/\d+/$"))
+    expect(page.locator(".approval-prompt")).to_have_text("Approve 1 thread using 2 models?")
+    page.get_by_role("button", name="Approve").click()
+
+    batch = Batch.objects.get()
+    expect(page).to_have_url(live_server.url + batch.get_absolute_url())
+    expect(page.locator(".message-success")).to_have_text("Approved: 2 runs queued.")
+    cards = page.locator(".run-card")
+    expect(cards).to_have_count(2)
+    expect(cards.nth(0).locator(".run-card-label")).to_have_text("Historical result (baseline)")
+    expect(cards.nth(1).locator(".run-card-label")).to_have_text("No change (baseline)")
+    for index in range(2):
+        expect(cards.nth(index).locator(".status")).to_have_text("Queued")
+    expect(page.get_by_role("button", name="Cancel batch")).to_be_visible()

@@ -17,10 +17,14 @@ MANAGE = Path(__file__).resolve().parent.parent / "manage.py"
 
 
 def start_cluster(env: dict[str, str]) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, str(MANAGE), "qcluster"], env=env,
-                            # A file, not a pipe: nobody reads the log while the cluster runs.
-                            stdout=subprocess.DEVNULL, stderr=tempfile.TemporaryFile(),
-                            start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, str(MANAGE), "qcluster"],
+        env=env,
+        # A file, not a pipe: nobody reads the log while the cluster runs.
+        stdout=subprocess.DEVNULL,
+        stderr=tempfile.TemporaryFile(),
+        start_new_session=True,
+    )
 
 
 def stop_cluster(cluster: subprocess.Popen[bytes]) -> None:
@@ -36,12 +40,20 @@ def stop_cluster(cluster: subprocess.Popen[bytes]) -> None:
 
 def enqueue(env: dict[str, str], function: str, *args: object) -> str:
     code = f"from django_q.tasks import async_task; print(async_task({function!r}, *{args!r}))"
-    completed = subprocess.run([sys.executable, str(MANAGE), "shell", "-c", code], env=env,
-                               capture_output=True, text=True, check=True, timeout=60)
+    completed = subprocess.run(
+        [sys.executable, str(MANAGE), "shell", "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
     return completed.stdout.strip().splitlines()[-1]
 
 
-def wait_for_success(task_id: str, cluster: subprocess.Popen[bytes], seconds: float = 60) -> Success:
+def wait_for_success(
+    task_id: str, cluster: subprocess.Popen[bytes], seconds: float = 60
+) -> Success:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         done = Success.objects.filter(id=task_id).first()

@@ -43,28 +43,63 @@ def clone(obj: models.Model, **changes: Any) -> models.Model:
 def graph(db: None, user: User) -> Graph:
     now = timezone.now()
     thread = Thread.objects.create(
-        source_kind=SourceKind.CODEX, session_id="s-1", title="t", source_path="/tmp/x.jsonl",
-        source_sha256="a" * 64, source_size=10, started_at=now, ended_at=now + timedelta(minutes=1),
+        source_kind=SourceKind.CODEX,
+        session_id="s-1",
+        title="t",
+        source_path="/tmp/x.jsonl",
+        source_sha256="a" * 64,
+        source_size=10,
+        started_at=now,
+        ended_at=now + timedelta(minutes=1),
     )
-    turn = Turn.objects.create(thread=thread, index=0, message_uuid="m-0", timestamp=now, request="do it")
+    turn = Turn.objects.create(
+        thread=thread, index=0, message_uuid="m-0", timestamp=now, request="do it"
+    )
     plan = Plan.objects.create(
-        owner=user, configuration={"models": ["empty"]}, fingerprint="f" * 64, status=PlanStatus.READY_FOR_APPROVAL,
-        token_hash="1" * 64, expires_at=now + timedelta(minutes=5), created_at=now,
+        owner=user,
+        configuration={"models": ["empty"]},
+        fingerprint="f" * 64,
+        status=PlanStatus.READY_FOR_APPROVAL,
+        token_hash="1" * 64,
+        expires_at=now + timedelta(minutes=5),
+        created_at=now,
     )
-    batch = Batch.objects.create(plan=plan, owner=user, models_list=["empty"], thread_count=1,
-                                 configuration={"models": ["empty"]})
-    run = Run.objects.create(batch=batch, thread=thread, model="empty", configuration={"model": "empty"})
+    batch = Batch.objects.create(
+        plan=plan,
+        owner=user,
+        models_list=["empty"],
+        thread_count=1,
+        configuration={"models": ["empty"]},
+    )
+    run = Run.objects.create(
+        batch=batch, thread=thread, model="empty", configuration={"model": "empty"}
+    )
     launch_error = LaunchError.objects.create(run=run, code="launch_failed", message="gone")
-    review = Review.objects.create(thread=thread, start_message_uuid="m-0", end_message_uuid="m-0",
-                                   evaluator="claude:claude-sonnet-4-5")
-    return {"thread": thread, "turn": turn, "plan": plan, "batch": batch, "run": run,
-            "launch_error": launch_error, "review": review}
+    review = Review.objects.create(
+        thread=thread,
+        start_message_uuid="m-0",
+        end_message_uuid="m-0",
+        evaluator="claude:claude-sonnet-4-5",
+    )
+    return {
+        "thread": thread,
+        "turn": turn,
+        "plan": plan,
+        "batch": batch,
+        "run": run,
+        "launch_error": launch_error,
+        "review": review,
+    }
 
 
 def _other_plan(g: Graph) -> Plan:
     return Plan.objects.create(
-        owner=g["plan"].owner, configuration={}, fingerprint="e" * 64, status=PlanStatus.BLOCKED,
-        token_hash="2" * 64, expires_at=timezone.now() + timedelta(minutes=5),
+        owner=g["plan"].owner,
+        configuration={},
+        fingerprint="e" * 64,
+        status=PlanStatus.BLOCKED,
+        token_hash="2" * 64,
+        expires_at=timezone.now() + timedelta(minutes=5),
     )
 
 
@@ -75,43 +110,62 @@ def _other_run(g: Graph) -> Run:
 # constraint name -> a builder of an unsaved row that breaks exactly that constraint
 VIOLATIONS: dict[str, Callable[[Graph], models.Model]] = {
     "thread_unique_session": lambda g: clone(g["thread"]),
-    "thread_source_kind_valid": lambda g: clone(g["thread"], session_id="s-2", source_kind="cursor"),
+    "thread_source_kind_valid": lambda g: clone(
+        g["thread"], session_id="s-2", source_kind="cursor"
+    ),
     "thread_source_size_gte_0": lambda g: clone(g["thread"], session_id="s-2", source_size=-1),
     "thread_ends_after_start": lambda g: clone(
-        g["thread"], session_id="s-2", ended_at=g["thread"].started_at - timedelta(seconds=1)),
+        g["thread"], session_id="s-2", ended_at=g["thread"].started_at - timedelta(seconds=1)
+    ),
     "turn_unique_index": lambda g: clone(g["turn"], message_uuid="m-1"),
     "turn_unique_message": lambda g: clone(g["turn"], index=1),
     "turn_seconds_gte_0": lambda g: clone(g["turn"], index=1, message_uuid="m-1", seconds=-0.5),
     "plan_unique_token_hash": lambda g: clone(g["plan"]),
     "plan_status_valid": lambda g: clone(g["plan"], token_hash="3" * 64, status="approved"),
     "plan_expires_after_creation": lambda g: clone(
-        g["plan"], token_hash="3" * 64, expires_at=g["plan"].created_at),
+        g["plan"], token_hash="3" * 64, expires_at=g["plan"].created_at
+    ),
     "batch_one_per_plan": lambda g: clone(g["batch"]),
     "batch_thread_count_range": lambda g: clone(g["batch"], plan=_other_plan(g), thread_count=13),
     "run_unique_member": lambda g: clone(g["run"]),
     "run_status_valid": lambda g: clone(g["run"], model="m2", status="paused"),
     "run_phase_valid": lambda g: clone(g["run"], model="m2", phase="thinking"),
     "run_failure_code_valid": lambda g: clone(
-        g["run"], model="m2", status=RunStatus.FAILED, failure_code="oops", finished_at=timezone.now()),
+        g["run"],
+        model="m2",
+        status=RunStatus.FAILED,
+        failure_code="oops",
+        finished_at=timezone.now(),
+    ),
     "run_failed_has_code": lambda g: clone(
-        g["run"], model="m2", status=RunStatus.FAILED, finished_at=timezone.now()),
+        g["run"], model="m2", status=RunStatus.FAILED, finished_at=timezone.now()
+    ),
     "run_code_only_when_failed": lambda g: clone(g["run"], model="m2", failure_code="timeout"),
     "run_finished_has_time": lambda g: clone(g["run"], model="m2", status=RunStatus.COMPLETED),
     "run_wall_seconds_gte_0": lambda g: clone(g["run"], model="m2", wall_seconds=-1.0),
     "launch_error_once_per_run": lambda g: clone(g["launch_error"]),
     "launch_error_code_valid": lambda g: clone(g["launch_error"], run=_other_run(g), code="boom"),
     "review_unique_range": lambda g: clone(g["review"]),
-    "review_status_valid": lambda g: clone(
-        g["review"], end_message_uuid="m-9", status="maybe"),
+    "review_status_valid": lambda g: clone(g["review"], end_message_uuid="m-9", status="maybe"),
 }
 TOKEN_OWNERS = {"thread": "s-2", "turn": None, "run": None}
 for _owner in ("thread", "turn", "run"):
-    for _field in ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_5m_tokens",
-                   "cache_write_1h_tokens"):
+    for _field in (
+        "input_tokens",
+        "output_tokens",
+        "cache_read_tokens",
+        "cache_write_5m_tokens",
+        "cache_write_1h_tokens",
+    ):
+
         def _negative(g: Graph, owner: str = _owner, field: str = _field) -> models.Model:
-            distinct = {"thread": {"session_id": "s-2"}, "turn": {"index": 1, "message_uuid": "m-1"},
-                        "run": {"model": "m2"}}[owner]
+            distinct = {
+                "thread": {"session_id": "s-2"},
+                "turn": {"index": 1, "message_uuid": "m-1"},
+                "run": {"model": "m2"},
+            }[owner]
             return clone(g[owner], **distinct, **{field: -1})
+
         VIOLATIONS[f"{_owner}_{_field}_gte_0"] = _negative
 
 

@@ -64,7 +64,9 @@ def test_codex_tokens_are_split_into_fresh_and_cached_input() -> None:
 
 def test_claude_streamed_lines_are_counted_once() -> None:
     run_import(REAL_TRANSCRIPTS)
-    session = next(s for s in SESSIONS if s["kind"] == SourceKind.CLAUDE_CODE and not s["subagent_paths"])
+    session = next(
+        s for s in SESSIONS if s["kind"] == SourceKind.CLAUDE_CODE and not s["subagent_paths"]
+    )
     turns = Turn.objects.filter(thread__session_id=session["session_id"]).order_by("index")
     for turn, expected in zip(turns, session["turns"], strict=True):
         assert turn.tokens == expected["usage"]
@@ -105,9 +107,12 @@ def test_costs_match_the_price_table_arithmetic_for_codex() -> None:
     thread = Thread.objects.get(session_id=session["session_id"])
     # gpt-5.5: $5 in, $0.50 cached, $30 out per million tokens (FACTS.md).
     expected = sum(
-        (Decimal(t["usage"]["input_tokens"] - t["usage"]["cached_input_tokens"]) * 5
-         + Decimal(t["usage"]["cached_input_tokens"]) * Decimal("0.5")
-         + Decimal(t["usage"]["output_tokens"]) * 30) / 1_000_000
+        (
+            Decimal(t["usage"]["input_tokens"] - t["usage"]["cached_input_tokens"]) * 5
+            + Decimal(t["usage"]["cached_input_tokens"]) * Decimal("0.5")
+            + Decimal(t["usage"]["output_tokens"]) * 30
+        )
+        / 1_000_000
         for t in session["turns"]
     )
     assert thread.cost_usd == pytest.approx(expected, abs=Decimal("0.000001"))
@@ -139,7 +144,9 @@ def test_bad_lines_are_reported_with_file_and_line_and_the_rest_imports(tmp_path
     lines = (REAL_TRANSCRIPTS / session["path"]).read_text().splitlines(keepends=True)
     broken = tmp_path / "broken.jsonl"
     # A garbage line 3 and a truncated last line.
-    broken.write_text("".join(lines[:2]) + "{this is not json\n" + "".join(lines[2:]) + '{"type": "user", "mess')
+    broken.write_text(
+        "".join(lines[:2]) + "{this is not json\n" + "".join(lines[2:]) + '{"type": "user", "mess'
+    )
     out, err = run_import(broken)
     assert f"{broken}:3:" in err
     assert f"{broken}:{len(lines) + 2}:" in err
@@ -186,7 +193,11 @@ def test_no_path_looks_where_the_tools_keep_sessions(tmp_path: Path, monkeypatch
 
 def test_an_unknown_model_has_unknown_cost_not_zero(tmp_path: Path) -> None:
     session = next(s for s in SESSIONS if s["kind"] == SourceKind.CODEX)
-    text = (REAL_TRANSCRIPTS / session["path"]).read_text().replace(session["model"], "mystery-model-9")
+    text = (
+        (REAL_TRANSCRIPTS / session["path"])
+        .read_text()
+        .replace(session["model"], "mystery-model-9")
+    )
     path = tmp_path / "mystery.jsonl"
     path.write_text(text)
     importing.import_transcript_file(path=path)
@@ -202,7 +213,11 @@ def test_progress_bar_is_drawn_on_a_terminal(tmp_path: Path) -> None:
     subprocess.run([sys.executable, str(manage), "migrate", "-v0"], env=env, check=True)
     pid, fd = pty.fork()
     if pid == 0:  # child: the command with a terminal on stdout and stderr
-        os.execve(sys.executable, [sys.executable, str(manage), "import_threads", str(REAL_TRANSCRIPTS)], env)
+        os.execve(
+            sys.executable,
+            [sys.executable, str(manage), "import_threads", str(REAL_TRANSCRIPTS)],
+            env,
+        )
     output = b""
     while True:
         try:

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from django.db.models import Exists, OuterRef, Q, QuerySet
+from django.db.models import QuerySet
 from django.http import HttpResponse
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
@@ -25,23 +25,14 @@ from replays.api.serializers import (
     ThreadImportOutputSerializer,
     ThreadSerializer,
 )
-from replays.models import Batch, Plan, PlanStatus, Run, Thread, Turn
-
-
-def search_threads(queryset: QuerySet[Thread], text: str) -> QuerySet[Thread]:
-    """Threads whose title, folder or any request contains the text (case-insensitive)."""
-    text = text.strip()
-    if not text:
-        return queryset
-    in_requests = Turn.objects.filter(thread=OuterRef("pk"), request__icontains=text)
-    return queryset.filter(Q(title__icontains=text) | Q(cwd__icontains=text) | Exists(in_requests))
+from replays.models import Batch, Plan, PlanStatus, Run, Thread
 
 
 class ThreadListView(generics.ListAPIView):
     serializer_class = ThreadSerializer
 
     def get_queryset(self) -> QuerySet[Thread]:
-        return search_threads(Thread.objects.all(), self.request.query_params.get("search", ""))
+        return Thread.objects.search(self.request.query_params.get("search", ""))
 
     @extend_schema(
         parameters=[
@@ -124,15 +115,6 @@ def _plan_body(plan: Plan, *, prepare_token: str | None = None) -> dict[str, obj
     }
 
 
-def runs_visible_to(user: object) -> QuerySet[Run]:
-    runs = Run.objects.select_related("thread", "batch")
-    return runs if user.is_staff else runs.filter(batch__owner=user)
-
-
-def batches_visible_to(user: object) -> QuerySet[Batch]:
-    return Batch.objects.all() if user.is_staff else Batch.objects.filter(owner=user)
-
-
 class PlanCreateView(APIView):
     @extend_schema(request=RunConfigSerializer, responses={201: PlanSerializer})
     def post(self, request: Request) -> Response:
@@ -149,7 +131,7 @@ class PlanCreateView(APIView):
 class PlanDetailView(APIView):
     @extend_schema(responses={200: PlanSerializer})
     def get(self, request: Request, pk: int) -> Response:
-        plan = get_object_or_404(approval.plans_visible_to(request.user), pk=pk)
+        plan = get_object_or_404(Plan.objects.visible_to(request.user), pk=pk)
         return Response(PlanSerializer(_plan_body(plan)).data)
 
 
@@ -192,14 +174,14 @@ class PlanApproveView(APIView):
 class BatchDetailView(APIView):
     @extend_schema(responses={200: BatchSerializer})
     def get(self, request: Request, pk: int) -> Response:
-        batch = get_object_or_404(batches_visible_to(request.user), pk=pk)
+        batch = get_object_or_404(Batch.objects.visible_to(request.user), pk=pk)
         return Response(BatchSerializer(batch).data)
 
 
 class BatchCancelView(APIView):
     @extend_schema(request=None, responses={200: BatchSerializer})
     def post(self, request: Request, pk: int) -> Response:
-        batch = get_object_or_404(batches_visible_to(request.user), pk=pk)
+        batch = get_object_or_404(Batch.objects.visible_to(request.user), pk=pk)
         batch = dispatch.cancel_batch(batch=batch)
         return Response(BatchSerializer(batch).data)
 
@@ -207,14 +189,18 @@ class BatchCancelView(APIView):
 class RunDetailView(APIView):
     @extend_schema(responses={200: RunDetailSerializer})
     def get(self, request: Request, pk: int) -> Response:
-        run = get_object_or_404(runs_visible_to(request.user), pk=pk)
+        run = get_object_or_404(
+            Run.objects.visible_to(request.user).select_related("thread", "batch"), pk=pk
+        )
         return Response(RunDetailSerializer(run).data)
 
 
 class RunCancelView(APIView):
     @extend_schema(request=None, responses={200: RunDetailSerializer})
     def post(self, request: Request, pk: int) -> Response:
-        run = get_object_or_404(runs_visible_to(request.user), pk=pk)
+        run = get_object_or_404(
+            Run.objects.visible_to(request.user).select_related("thread", "batch"), pk=pk
+        )
         run = dispatch.cancel_run(run=run)
         return Response(RunDetailSerializer(run).data)
 
@@ -228,7 +214,9 @@ class RunDiffView(APIView):
         }
     )
     def get(self, request: Request, pk: int) -> HttpResponse:
-        run = get_object_or_404(runs_visible_to(request.user), pk=pk)
+        run = get_object_or_404(
+            Run.objects.visible_to(request.user).select_related("thread", "batch"), pk=pk
+        )
         response = HttpResponse(run.diff, content_type="text/plain; charset=utf-8")
         response["Content-Disposition"] = f'inline; filename="run-{run.pk}.diff"'
         return response

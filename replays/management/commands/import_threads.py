@@ -19,8 +19,12 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("paths", nargs="*", type=Path, help="Session files or folders to search.")
-        parser.add_argument("--no-progress", action="store_true", help="Do not draw the progress bar.")
+        parser.add_argument(
+            "paths", nargs="*", type=Path, help="Session files or folders to search."
+        )
+        parser.add_argument(
+            "--no-progress", action="store_true", help="Do not draw the progress bar."
+        )
 
     def handle(self, *args: Any, paths: list[Path], no_progress: bool, **options: Any) -> None:
         for path in paths:
@@ -59,14 +63,20 @@ class Command(BaseCommand):
             return
         if result.outcome != "unchanged":
             title = result.thread.title if result.thread else ""
-            self.stdout.write(f"{result.outcome}: {result.path} ({result.turns} turns) {title[:60]}")
+            self.stdout.write(
+                f"{result.outcome}: {result.path} ({result.turns} turns) {title[:60]}"
+            )
         for problem in result.problems[:MAX_PROBLEMS_SHOWN]:
             self.stderr.write(
-                self.style.WARNING(f"skipped {result.path}:{problem.line_number}: {problem.message}")
+                self.style.WARNING(
+                    f"skipped {result.path}:{problem.line_number}: {problem.message}"
+                )
             )
         if len(result.problems) > MAX_PROBLEMS_SHOWN:
             more = len(result.problems) - MAX_PROBLEMS_SHOWN
-            self.stderr.write(self.style.WARNING(f"... and {more} more skipped lines in {result.path}"))
+            self.stderr.write(
+                self.style.WARNING(f"... and {more} more skipped lines in {result.path}")
+            )
 
 
 class Progress:

@@ -1,0 +1,139 @@
+"""What every agent adapter looks like.
+
+An adapter turns one run (request file, model, workspace, run folder, approved
+configuration) into an invocation (argv, extra environment, stdin), and after
+the process ended parses what it wrote into an outcome (final message, usage,
+cost, model time, error). The coordinator does the rest the same way for every
+agent: spawn, heartbeat, timeout, cancel, diff.
+"""
+
+from __future__ import annotations
+
+import re
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from decimal import Decimal
+from pathlib import Path
+from typing import Any, ClassVar
+
+from replays.transcripts.base import TokenUsage
+
+# How much of an agent's log an error message quotes.
+ERROR_LINES = 20
+ERROR_CHARS = 4000
+
+_ANSI_ESCAPE_RE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)")
+# C0 controls except tab and newline; NUL in particular cannot be stored in PostgreSQL text.
+_CONTROL_RE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+
+
+class AgentSetupError(Exception):
+    """The run cannot start the agent (our side: inputs changed, files missing)."""
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """What an adapter knows about the run it is asked to start."""
+
+    run_id: int
+    model: str  # the model as the agent names it ("gpt-5"); "" for the baselines
+    configuration: Mapping[str, Any]  # the exact approved Run.configuration
+    run_dir: Path
+    workspace: Path
+    request_file: Path
+    log_path: Path
+
+
+@dataclass(frozen=True)
+class Invocation:
+    """How to start the agent: argv (never a shell), environment additions, stdin."""
+
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    stdin_path: Path | None = None
+
+
+@dataclass
+class AgentOutcome:
+    final_message: str = ""
+    usage: TokenUsage = field(default_factory=TokenUsage)
+    # None means "unknown price", never $0.
+    cost_usd: Decimal | None = None
+    model_seconds: float | None = None
+    # Why the agent failed, in its own words ("" when it did not say).
+    error: str = ""
+    # Lines for the run's log about what we ignored (a malformed usage file, ...).
+    notes: list[str] = field(default_factory=list)
+
+
+class Agent(ABC):
+    """One model of one agent, ready to run."""
+
+    kind: ClassVar[str]
+
+    @abstractmethod
+    def invocation(self, context: RunContext) -> Invocation:
+        """argv, env and stdin for this run; raises AgentSetupError when it cannot start."""
+
+    @abstractmethod
+    def outcome(self, context: RunContext, *, exit_code: int) -> AgentOutcome:
+        """Parse what the finished process left behind (log, files in the run folder)."""
+
+
+def plain_text(text: str) -> str:
+    """Text safe to store and show: no terminal escapes, no control characters but tab/newline.
+
+    Markup is left as it is: every page escapes it when rendering.
+    """
+    text = text.replace("\r\n", "\n").replace("\r", "\n")
+    return _CONTROL_RE.sub("", _ANSI_ESCAPE_RE.sub("", text))
+
+
+def read_tail(path: Path, *, max_bytes: int = 64 * 1024, max_lines: int = 200) -> str:
+    """The last lines of a log file as plain text ("" when it does not exist)."""
+    try:
+        with path.open("rb") as log:
+            log.seek(0, 2)
+            size = log.tell()
+            log.seek(max(0, size - max_bytes))
+            data = log.read()
+    except OSError:
+        return ""
+    if size > max_bytes:
+        # Cut at a line start: the first line read is usually a fragment.
+        newline = data.find(b"\n")
+        if 0 <= newline < len(data) - 1:
+            data = data[newline + 1:]
+    lines = plain_text(data.decode("utf-8", errors="replace")).split("\n")
+    return "\n".join(lines[-max_lines:])
+
+
+def error_from_log(path: Path) -> str:
+    """The last non-blank lines of a log, for a failure message."""
+    lines = [line for line in read_tail(path, max_bytes=16 * 1024).split("\n") if line.strip()]
+    message = "\n".join(lines[-ERROR_LINES:])
+    return message[-ERROR_CHARS:]
+
+
+class ConfiguredAgent(Agent):
+    """An agent kind configured in settings.REPLAYS_AGENTS ({"kind": ..., "models": [...]}).
+
+    Each kind checks its own part of an entry, says whether it can run on this
+    machine, and builds the adapter for one of its models.
+    """
+
+    @classmethod
+    @abstractmethod
+    def check_entry(cls, entry: Mapping[str, Any]) -> None:
+        """Raise ValueError when the entry is malformed for this kind."""
+
+    @classmethod
+    @abstractmethod
+    def unavailable_reason(cls, entry: Mapping[str, Any]) -> str:
+        """Why this agent cannot run here ("" when it can)."""
+
+    @classmethod
+    @abstractmethod
+    def from_entry(cls, name: str, entry: Mapping[str, Any], model: str) -> ConfiguredAgent:
+        """The adapter for `model` of the agent configured as `name`."""

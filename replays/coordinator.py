@@ -1,0 +1,563 @@
+"""One run end to end, in its own process (`manage.py run_coordinator RUN_ID`).
+
+Dispatch claims a run (queued -> launching) and starts this process. The first
+write here is a compare-and-set launching -> running: only the process that wins
+it ever starts the agent, so a member starts at most once however often a
+coordinator is started for it. Every later write is conditional on the run still
+being running: a reconcile may have failed it meanwhile, and then this process
+stops its agent and leaves the row alone.
+
+Steps: run folder with the approved configuration and the request (mode 0600),
+a git worktree at the baseline, the agent in its own session with the run's
+timeout, a heartbeat that also checks for cancel, then the diff, usage and cost,
+and one final conditional write. Anything that goes wrong on our side fails the
+run as `infrastructure` with the reason; nothing ends in a silent crash.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import threading
+import time
+import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from decimal import Decimal
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from django.conf import settings
+from django.db import DatabaseError, close_old_connections, connections
+from django.utils import timezone
+
+from replays import agents, pricing, processes, repos
+from replays.agents.base import (
+    AgentOutcome,
+    AgentSetupError,
+    RunContext,
+    error_from_log,
+    plain_text,
+    read_tail,
+)
+from replays.models import FailureCode, Run, RunPhase, RunStatus
+from replays.processes import ProcessIdentity, pause_point
+
+logger = logging.getLogger(__name__)
+
+CONFIGURATION_FILE = "configuration.json"
+REQUEST_FILE = "request.md"
+AGENT_LOG = "agent.log"
+WORKSPACE = "workspace"
+# How often the wait loop looks at the agent; heartbeats are much rarer.
+POLL_SECONDS = 0.1
+# A failure message quotes this much of the agent's words at most.
+MAX_MESSAGE_CHARS = 4000
+FINAL_WRITE_ATTEMPTS = 5
+
+
+class RunGone(Exception):
+    """The run is no longer ours: a reconcile or someone else finished it while we worked."""
+
+
+class CoordinatorStopped(Exception):
+    """This process was asked to stop (SIGTERM/SIGINT)."""
+
+
+@dataclass
+class _Result:
+    """What the final write records."""
+
+    status: RunStatus
+    failure_code: FailureCode = FailureCode.NONE
+    failure_message: str = ""
+    exit_code: int | None = None
+    wall_seconds: float | None = None
+    outcome: AgentOutcome = field(default_factory=AgentOutcome)
+    diff: str = ""
+    files_changed: int = 0
+
+
+def run_member(*, run_id: int) -> str:
+    """Run one launching member to its end. Returns what happened, for the command's output.
+
+    Does nothing (and returns "not started") when the run is not launching: another
+    coordinator owns it, a reconcile failed it, or it was cancelled before it started.
+    """
+    try:
+        pause_point("coordinator_before_start")
+        if not _start(run_id):
+            if _cancel_before_start(run_id):
+                _request_dispatch()
+                return "cancelled before start"
+            return "not started"
+        run = Run.objects.get(pk=run_id)
+        previous = _stop_on_signals()
+        try:
+            result = _Member(run).execute()
+        finally:
+            _restore_signals(previous)
+        _request_dispatch()
+        return result
+    finally:
+        connections.close_all()
+
+
+def _start(run_id: int) -> bool:
+    """The compare-and-set that makes a member start at most once."""
+    me = processes.own_identity()
+    now = timezone.now()
+    run_dir = Path(settings.REPLAYS_RUN_ROOT) / f"run-{run_id}"
+    started = Run.objects.filter(
+        pk=run_id, status=RunStatus.LAUNCHING, cancel_requested_at__isnull=True
+    ).update(
+        status=RunStatus.RUNNING,
+        phase=RunPhase.WORKSPACE,
+        pid=me.pid,
+        pid_create_time=me.create_time,
+        host=settings.REPLAYS_HOST_NAME,
+        started_at=now,
+        heartbeat_at=now,
+        run_dir=str(run_dir),
+        workspace_path=str(run_dir / WORKSPACE),
+    )
+    return started == 1
+
+
+def _cancel_before_start(run_id: int) -> bool:
+    now = timezone.now()
+    cancelled = Run.objects.filter(
+        pk=run_id, status=RunStatus.LAUNCHING, cancel_requested_at__isnull=False
+    ).update(status=RunStatus.CANCELLED, phase=RunPhase.DONE, finished_at=now, heartbeat_at=now)
+    return cancelled == 1
+
+
+class _Member:
+    """The steps of one started run. Every write is conditional on status=running."""
+
+    def __init__(self, run: Run) -> None:
+        self.run = run
+        self.configuration: dict[str, Any] = dict(run.configuration or {})
+        self.run_dir = Path(run.run_dir)
+        self.workspace = Path(run.workspace_path)
+        self.log_path = self.run_dir / AGENT_LOG
+        self.repo: Path | None = None
+        self.worktree_added = False
+        self.agent: subprocess.Popen[bytes] | None = None
+        self.agent_identity: ProcessIdentity | None = None
+        self.agent_finished = False
+
+    def execute(self) -> str:
+        try:
+            result = self._steps()
+        except RunGone:
+            logger.warning("Run %s is no longer running here; stopping.", self.run.pk)
+            self._stop_agent()
+            self._remove_worktree()
+            return "stopped: the run was finished elsewhere"
+        except CoordinatorStopped as exc:
+            result = _Result(RunStatus.FAILED, FailureCode.INFRASTRUCTURE, str(exc))
+        except AgentSetupError as exc:
+            result = _Result(RunStatus.FAILED, FailureCode.INFRASTRUCTURE, str(exc))
+        except Exception as exc:  # noqa: BLE001 - every failure on our side is written on the run
+            logger.error("Run %s failed:\n%s", self.run.pk, traceback.format_exc())
+            result = _Result(RunStatus.FAILED, FailureCode.INFRASTRUCTURE, _describe(exc))
+        finally:
+            # Whatever happened, no agent process outlives its coordinator's decision.
+            self._stop_agent()
+        self._remove_worktree()
+        self._finish(result)
+        return result.status if not result.failure_code else f"failed: {result.failure_code}"
+
+    # --- steps ---------------------------------------------------------------------
+
+    def _steps(self) -> _Result:
+        model_id = str(self.configuration.get("model") or self.run.model)
+        try:
+            info = agents.resolve_model(model_id)
+        except agents.UnknownModel as exc:
+            raise AgentSetupError(str(exc)) from None
+        if not info.available:
+            raise AgentSetupError(f"The agent for {info.id} cannot run on this machine: "
+                                  f"{info.reason}")
+        adapter = agents.adapter_for(info.id)
+        self._write_run_folder()
+        context = RunContext(
+            run_id=self.run.pk,
+            model=info.model,
+            configuration=self.configuration,
+            run_dir=self.run_dir,
+            workspace=self.workspace,
+            request_file=self.run_dir / REQUEST_FILE,
+            log_path=self.log_path,
+        )
+        self.repo = Path(self.configuration["repository"])
+        baseline = self.configuration["baseline_commit"]
+        with _heartbeat_in_background(self.run.pk):
+            invocation = adapter.invocation(context)
+            # Set first: a worktree add that fails halfway still leaves something to remove.
+            self.worktree_added = True
+            repos.add_worktree(self.repo, self.workspace, baseline)
+
+        self._update(phase=RunPhase.IMPLEMENTING)
+        if self._cancel_requested():
+            return _Result(RunStatus.CANCELLED)
+        pause_point("coordinator_before_agent")
+        env = _agent_environment(invocation.env, run_id=self.run.pk)
+        started = time.monotonic()
+        self.agent, self.agent_identity = processes.spawn(
+            invocation.argv, cwd=self.workspace, env=env, log_path=self.log_path,
+            stdin_path=invocation.stdin_path,
+        )
+        # Recorded at once: a reconcile after a lost coordinator kills this tree.
+        self._update(
+            agent_pid=self.agent_identity.pid,
+            agent_pid_create_time=self.agent_identity.create_time,
+        )
+        ending = self._wait_for_agent(started)
+        wall_seconds = round(time.monotonic() - started, 3)
+
+        if ending == "cancelled":
+            return _Result(RunStatus.CANCELLED, wall_seconds=wall_seconds)
+
+        self._update(phase=RunPhase.COLLECTING)
+        if ending == "timeout":
+            result = _Result(
+                RunStatus.FAILED, FailureCode.TIMEOUT,
+                f"The agent did not finish within {_duration(self._timeout_seconds())}.",
+                wall_seconds=wall_seconds,
+            )
+        else:
+            exit_code = int(ending)
+            outcome = adapter.outcome(context, exit_code=exit_code)
+            self._note(outcome.notes)
+            result = _Result(RunStatus.COMPLETED, exit_code=exit_code,
+                             wall_seconds=wall_seconds, outcome=outcome)
+            if exit_code != 0:
+                result.status = RunStatus.FAILED
+                result.failure_code = FailureCode.AGENT_ERROR
+                words = outcome.error or error_from_log(self.log_path)
+                result.failure_message = (
+                    f"The agent exited with code {exit_code}" + (f":\n{words}" if words else ".")
+                )
+        self._collect_diff(result, baseline)
+        return result
+
+    def _write_run_folder(self) -> None:
+        self.run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        configuration = {**self.configuration, "run_id": self.run.pk}
+        # Both hold the request, which may quote private code or logs: owner only.
+        _write_private(self.run_dir / CONFIGURATION_FILE,
+                       json.dumps(configuration, indent=2, ensure_ascii=False) + "\n")
+        _write_private(self.run_dir / REQUEST_FILE, str(self.configuration.get("request", "")))
+
+    def _wait_for_agent(self, started: float) -> str:
+        """Poll the agent until it ends; heartbeat and check for cancel when due.
+
+        Returns the exit code as text, "timeout" or "cancelled".
+        """
+        assert self.agent is not None and self.agent_identity is not None
+        heartbeat_every = float(settings.REPLAYS_HEARTBEAT_SECONDS)
+        deadline = started + self._timeout_seconds()
+        next_heartbeat = time.monotonic() + heartbeat_every
+        paused = False
+        while True:
+            exit_code = _exit_status(self.agent.pid)
+            if exit_code is not None:
+                self._finish_agent()
+                return str(exit_code)
+            if not paused:
+                paused = True
+                pause_point("coordinator_agent_running")
+            now = time.monotonic()
+            if now >= deadline:
+                logger.info("Run %s: the agent timed out; stopping it.", self.run.pk)
+                self._stop_agent()
+                return "timeout"
+            if now >= next_heartbeat:
+                next_heartbeat = now + heartbeat_every
+                if self._heartbeat():
+                    logger.info("Run %s: cancel requested; stopping the agent.", self.run.pk)
+                    self._stop_agent()
+                    return "cancelled"
+            time.sleep(min(POLL_SECONDS, max(0.0, deadline - now)))
+
+    def _heartbeat(self) -> bool:
+        """Write the heartbeat and the log tail; True when a cancel was requested.
+
+        A database hiccup skips one heartbeat (a stale one is what reconcile
+        acts on); a run that is no longer running raises RunGone.
+        """
+        try:
+            self._update(heartbeat_at=timezone.now(), log_tail=read_tail(self.log_path))
+            return self._cancel_requested()
+        except DatabaseError as exc:
+            logger.warning("Run %s: heartbeat skipped: %s", self.run.pk, exc)
+            return False
+        finally:
+            # Between heartbeats the database owes us nothing: give the connection back
+            # (and drop a broken one) rather than hold it for the whole run.
+            close_old_connections()
+
+    def _cancel_requested(self) -> bool:
+        return Run.objects.filter(pk=self.run.pk, cancel_requested_at__isnull=False).exists()
+
+    def _collect_diff(self, result: _Result, baseline: str) -> None:
+        try:
+            with _heartbeat_in_background(self.run.pk):
+                diff = repos.workspace_diff(self.workspace, baseline)
+            result.diff = _storable(diff)
+            result.files_changed = len(repos.changed_files(diff))
+        except Exception as exc:
+            if result.status == RunStatus.COMPLETED:
+                raise
+            # The run already failed for its own reason; that reason is what the user needs.
+            self._note([f"The workspace diff could not be collected: {_describe(exc)}"])
+
+    def _finish(self, result: _Result) -> None:
+        """The final row, in one write conditional on the run still running."""
+        outcome = result.outcome
+        cost = outcome.cost_usd
+        values: dict[str, Any] = {
+            "status": result.status,
+            "phase": RunPhase.DONE,
+            "finished_at": timezone.now(),
+            "heartbeat_at": timezone.now(),
+            "failure_code": result.failure_code if result.status == RunStatus.FAILED else "",
+            "failure_message": _message(result.failure_message),
+            "exit_code": result.exit_code,
+            "wall_seconds": result.wall_seconds,
+            "model_seconds": outcome.model_seconds,
+            "cost_usd": pricing.round_usd(cost) if isinstance(cost, Decimal) else None,
+            "diff": result.diff,
+            "files_changed": result.files_changed,
+            "log_tail": read_tail(self.log_path),
+            **outcome.usage.as_dict(),
+        }
+        for attempt in range(1, FINAL_WRITE_ATTEMPTS + 1):
+            try:
+                written = Run.objects.filter(pk=self.run.pk, status=RunStatus.RUNNING).update(
+                    **values
+                )
+                break
+            except DatabaseError:
+                close_old_connections()
+                if attempt == FINAL_WRITE_ATTEMPTS:
+                    raise
+                time.sleep(attempt)
+        if not written:
+            logger.warning("Run %s was finished elsewhere; its result was not written.",
+                           self.run.pk)
+        else:
+            logger.info("Run %s ended: %s %s", self.run.pk, result.status,
+                        result.failure_code or "")
+
+    # --- helpers -------------------------------------------------------------------
+
+    def _update(self, **values: Any) -> None:
+        if not Run.objects.filter(pk=self.run.pk, status=RunStatus.RUNNING).update(**values):
+            raise RunGone()
+
+    def _timeout_seconds(self) -> float:
+        value = self.configuration.get("timeout_seconds")
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+            return float(value)
+        return float(settings.REPLAYS_DEFAULT_TIMEOUT_SECONDS)
+
+    def _finish_agent(self) -> None:
+        """The agent exited (still a zombie): stop what it left running in its group, reap it."""
+        assert self.agent is not None and self.agent_identity is not None
+        processes.kill_tree(self.agent_identity.pid, self.agent_identity.create_time,
+                            grace_seconds=1.0)
+        self.agent.poll()
+        self.agent_finished = True
+
+    def _stop_agent(self) -> None:
+        if self.agent is None or self.agent_finished or self.agent_identity is None:
+            return
+        processes.kill_tree(self.agent_identity.pid, self.agent_identity.create_time)
+        self.agent.poll()
+        self.agent_finished = True
+
+    def _remove_worktree(self) -> None:
+        if not self.worktree_added or self.repo is None or settings.REPLAYS_KEEP_WORKSPACES:
+            return
+        try:
+            with _heartbeat_in_background(self.run.pk):
+                repos.remove_worktree(self.repo, self.workspace)
+        except Exception as exc:  # noqa: BLE001 - a leftover folder must not hide the result
+            logger.warning("Run %s: the workspace %s was not removed: %s",
+                           self.run.pk, self.workspace, exc)
+            self._note([f"The workspace could not be removed: {_describe(exc)}"])
+
+    def _note(self, lines: list[str]) -> None:
+        if not lines:
+            return
+        try:
+            with self.log_path.open("a", encoding="utf-8") as log:
+                for line in lines:
+                    log.write(f"[replays] {line}\n")
+        except OSError as exc:
+            logger.warning("Run %s: cannot write to %s: %s", self.run.pk, self.log_path, exc)
+
+
+# --- process helpers ---------------------------------------------------------------
+
+_HIDDEN_FROM_AGENTS = {
+    # Ours: the agent runs commands a model chose; it gets no database or secret key, and
+    # a Django project it works on must not pick up our settings module.
+    "DATABASE_URL", "REDIS_URL", "SECRET_KEY", "DJANGO_SETTINGS_MODULE",
+    # Inherited from a git hook or shell, these would point the agent's git at another
+    # repository than its worktree.
+    "GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_OBJECT_DIRECTORY",
+    "GIT_ALTERNATE_OBJECT_DIRECTORIES", "GIT_COMMON_DIR", "GIT_NAMESPACE", "GIT_PREFIX",
+}
+
+
+@contextmanager
+def _heartbeat_in_background(run_id: int) -> Iterator[None]:
+    """Keep the heartbeat going while the main thread waits on slow git work.
+
+    Creating a worktree or diffing a large repository can take longer than the stale
+    limit; without this a reconcile would take the coordinator for lost. The agent
+    wait loop beats in the main thread and needs no helper.
+    """
+    stop = threading.Event()
+
+    def beat() -> None:
+        try:
+            while not stop.wait(float(settings.REPLAYS_HEARTBEAT_SECONDS)):
+                try:
+                    Run.objects.filter(pk=run_id, status=RunStatus.RUNNING).update(
+                        heartbeat_at=timezone.now()
+                    )
+                except DatabaseError as exc:
+                    logger.warning("Run %s: heartbeat skipped: %s", run_id, exc)
+                finally:
+                    close_old_connections()
+        finally:
+            # Connections are per thread: this one's dies with it.
+            connections.close_all()
+
+    thread = threading.Thread(target=beat, name=f"heartbeat-run-{run_id}", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+def _agent_environment(extra: dict[str, str], *, run_id: int) -> dict[str, str]:
+    """The coordinator's environment without our own secrets, plus the adapter's additions.
+
+    The agent runs commands a model chose: it gets no database URL or secret key.
+    """
+    env = {
+        key: value for key, value in os.environ.items()
+        if key not in _HIDDEN_FROM_AGENTS and not key.startswith("REPLAYS_")
+    }
+    env.update(extra)
+    env["REPLAYS_RUN_ID"] = str(run_id)
+    return env
+
+
+def _exit_status(pid: int) -> int | None:
+    """The agent's exit code once it ended, without reaping it (None while it runs).
+
+    Left unreaped, the finished process still holds its process group id, so
+    kill_tree can stop what it left running in that group before we reap it.
+    """
+    try:
+        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return -1
+    if info is None:
+        return None
+    if info.si_code == os.CLD_EXITED:
+        return info.si_status
+    return -info.si_status  # killed by a signal, as subprocess reports it
+
+
+def _stop_on_signals() -> dict[int, Any]:
+    """SIGTERM/SIGINT become an exception, so the agent is stopped and the run failed cleanly."""
+
+    stopping = False
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        nonlocal stopping
+        if stopping:
+            return  # already stopping the agent and writing the result: let that finish
+        stopping = True
+        raise CoordinatorStopped(
+            f"The coordinator was stopped ({signal.Signals(signum).name}) while the run was active."
+        )
+
+    previous = {}
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        previous[signum] = signal.signal(signum, stop)
+    return previous
+
+
+def _restore_signals(previous: dict[int, Any]) -> None:
+    for signum, handler in previous.items():
+        signal.signal(signum, handler)
+
+
+def _write_private(path: Path, text: str) -> None:
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    # O_CREAT's mode applies only to a new file.
+    os.fchmod(descriptor, 0o600)
+    with os.fdopen(descriptor, "w", encoding="utf-8", errors="surrogateescape") as handle:
+        handle.write(text)
+
+
+def _request_dispatch() -> None:
+    """A run ended (capacity freed): ask for the next dispatch. Never fails the coordinator."""
+    try:
+        from replays import dispatch
+
+        dispatch.request_dispatch()
+    except Exception as exc:  # noqa: BLE001 - the schedule dispatches later anyway
+        logger.warning("Could not request a dispatch: %s", _describe(exc))
+
+
+# --- text helpers --------------------------------------------------------------------
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text if text else type(exc).__name__
+
+
+def _message(text: str) -> str:
+    text = plain_text(text).strip()
+    if len(text) > MAX_MESSAGE_CHARS:
+        text = "…" + text[-MAX_MESSAGE_CHARS:]
+    return text
+
+
+def _storable(diff: str) -> str:
+    """The diff as the database can hold it (repos keeps diffs valid UTF-8; this is a backstop)."""
+    try:
+        diff.encode("utf-8")
+        return diff
+    except UnicodeEncodeError:
+        return diff.encode("utf-8", errors="surrogateescape").decode("utf-8", errors="replace")
+
+
+def _duration(seconds: float) -> str:
+    """20m 0s, 1h 5m 0s, 45s."""
+    total = int(round(seconds))
+    hours, rest = divmod(total, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h {minutes}m {secs}s"
+    if minutes:
+        return f"{minutes}m {secs}s"
+    return f"{secs}s"

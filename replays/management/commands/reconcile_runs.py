@@ -1,0 +1,33 @@
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import BaseCommand
+
+from replays import dispatch
+
+
+class Command(BaseCommand):
+    help = (
+        "End launching and running runs whose launcher or coordinator is gone "
+        "(launch_failed, coordinator_lost). Never relaunches anything."
+    )
+
+    def add_arguments(self, parser: Any) -> None:
+        parser.add_argument(
+            "--dispatch",
+            action="store_true",
+            help="Then start queued runs that fit the free capacity.",
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        report = dispatch.reconcile_runs()
+        for line in report.lines:
+            self.stdout.write(line)
+        self.stdout.write(
+            f"Reconciled: {report.launch_failed} launch_failed, "
+            f"{report.coordinator_lost} coordinator_lost, {report.cancelled} cancelled."
+        )
+        if options["dispatch"]:
+            started = dispatch.dispatch_runs()
+            self.stdout.write(f"Dispatched: {', '.join(map(str, started)) or 'none'}.")
