@@ -38,6 +38,7 @@ from django.utils import timezone
 
 from replays import agents, pricing, processes, repos
 from replays.agents.base import (
+    Agent,
     AgentOutcome,
     AgentSetupError,
     RunContext,
@@ -150,6 +151,7 @@ class _Member:
         self.worktree_added = False
         self.agent: subprocess.Popen[bytes] | None = None
         self.agent_identity: ProcessIdentity | None = None
+        self.adapter: Agent | None = None
         self.agent_finished = False
 
     def execute(self) -> str:
@@ -186,6 +188,7 @@ class _Member:
             raise AgentSetupError(f"The agent for {info.id} cannot run on this machine: "
                                   f"{info.reason}")
         adapter = agents.adapter_for(info.id)
+        self.adapter = adapter
         self._write_run_folder()
         context = RunContext(
             run_id=self.run.pk,
@@ -245,6 +248,10 @@ class _Member:
                 result.failure_message = (
                     f"The agent exited with code {exit_code}" + (f":\n{words}" if words else ".")
                 )
+            elif outcome.failed:
+                result.status = RunStatus.FAILED
+                result.failure_code = FailureCode.AGENT_ERROR
+                result.failure_message = outcome.error or "The agent reported an error."
         self._collect_diff(result, baseline)
         return result
 
@@ -287,6 +294,10 @@ class _Member:
                     return "cancelled"
             time.sleep(min(POLL_SECONDS, max(0.0, deadline - now)))
 
+    def _log_tail(self) -> str:
+        tail = read_tail(self.log_path)
+        return self.adapter.render_log(tail) if self.adapter is not None else tail
+
     def _heartbeat(self) -> bool:
         """Write the heartbeat and the log tail; True when a cancel was requested.
 
@@ -294,7 +305,7 @@ class _Member:
         acts on); a run that is no longer running raises RunGone.
         """
         try:
-            self._update(heartbeat_at=timezone.now(), log_tail=read_tail(self.log_path))
+            self._update(heartbeat_at=timezone.now(), log_tail=self._log_tail())
             return self._cancel_requested()
         except DatabaseError as exc:
             logger.warning("Run %s: heartbeat skipped: %s", self.run.pk, exc)
@@ -336,7 +347,7 @@ class _Member:
             "cost_usd": pricing.round_usd(cost) if isinstance(cost, Decimal) else None,
             "diff": result.diff,
             "files_changed": result.files_changed,
-            "log_tail": read_tail(self.log_path),
+            "log_tail": self._log_tail(),
             **outcome.usage.as_dict(),
         }
         for attempt in range(1, FINAL_WRITE_ATTEMPTS + 1):

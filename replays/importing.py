@@ -263,6 +263,7 @@ def _turn_row(turn: ParsedTurn, table: pricing.PriceTable) -> Turn:
         cache_write_1h_tokens=usage.cache_write_1h_tokens,
         cost_usd=_turn_cost(turn.usage_by_model, table),
         seconds=turn.seconds,
+        model_seconds=turn.model_seconds,
         last_answer_at=turn.last_answer_at,
     )
 
@@ -278,6 +279,7 @@ def _turn_cost(usage_by_model: dict[str, TokenUsage], table: pricing.PriceTable)
 def _totals(turns: list[Turn]) -> dict[str, object]:
     costs = [turn.cost_usd for turn in turns]
     seconds = [turn.seconds for turn in turns if turn.seconds is not None]
+    model_seconds = [turn.model_seconds for turn in turns if turn.model_seconds is not None]
     models: list[str] = []
     for turn in turns:
         models += [m for m in turn.models_used if m not in models]
@@ -286,6 +288,7 @@ def _totals(turns: list[Turn]) -> dict[str, object]:
         # One unknown price makes the total unknown: never a silent $0.
         "cost_usd": None if any(c is None for c in costs) else sum(costs, Decimal(0)),
         "seconds": sum(seconds) if seconds else None,
+        "model_seconds": sum(model_seconds) if model_seconds else None,
         "turn_count": len(turns),
         "models_used": models,
     }

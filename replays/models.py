@@ -117,6 +117,8 @@ class Thread(TokenTotals):
     turn_count = models.PositiveIntegerField(default=0)
     models_used = models.JSONField(default=list, blank=True)
     seconds = models.FloatField(null=True, blank=True)
+    # Time the model spent answering (summed over turns); null when the transcript does not tell.
+    model_seconds = models.FloatField(null=True, blank=True)
     imported_by = models.ForeignKey(
         settings.AUTH_USER_MODEL,
         null=True,
@@ -173,6 +175,8 @@ class Turn(TokenTotals):
     usage_by_model = models.JSONField(default=dict, blank=True)
     # Seconds from the request to the last answer that served it; null if never answered.
     seconds = models.FloatField(null=True, blank=True)
+    # Time the model spent answering: each response from its request to its last line.
+    model_seconds = models.FloatField(null=True, blank=True)
     last_answer_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:

@@ -127,8 +127,9 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = 2 * 1024 * 1024 + 64 * 1024
 FILE_UPLOAD_MAX_MEMORY_SIZE = 2 * 1024 * 1024
 
 # Named agents that can run a replay (besides the built-in baselines `historical` and
-# `empty`): {"name": {"kind": "command", "command": [...], "models": [...], "env": {...}}}.
-# A model id names its agent: "name:model". Read from the JSON file REPLAYS_AGENTS_FILE.
+# `empty`): {"name": {"kind": "codex" | "claude_code" | "command", "binary", "args", "env",
+# "models", ...}}. A model id names its agent: "name:model". Read from the JSON file
+# REPLAYS_AGENTS_FILE when it is set (see the README for each kind's keys).
 REPLAYS_AGENTS_FILE = env_str("REPLAYS_AGENTS_FILE")
 
 
@@ -145,7 +146,22 @@ def _agents() -> dict[str, dict[str, object]]:
     return agents
 
 
-REPLAYS_AGENTS = _agents()
+# Without a file: the Codex CLI and Claude Code as installed on PATH, with their usual models.
+DEFAULT_AGENTS: dict[str, dict[str, object]] = {
+    "codex": {
+        "kind": "codex",
+        "label": "Codex",
+        "binary": "codex",
+        "models": ["gpt-5.5", "gpt-5.3-codex", "gpt-5-codex"],
+    },
+    "claude": {
+        "kind": "claude_code",
+        "label": "Claude Code",
+        "binary": "claude",
+        "models": ["claude-sonnet-4-5", "claude-opus-4-5", "claude-haiku-4-5"],
+    },
+}
+REPLAYS_AGENTS = _agents() if REPLAYS_AGENTS_FILE else DEFAULT_AGENTS
 
 # --- Application ---------------------------------------------------------------------
 

@@ -122,6 +122,7 @@ def test_thread_detail_lists_turns(
         "tokens",
         "cost_usd",
         "seconds",
+        "model_seconds",
     }
     assert turn["tokens"]["input"] == 100 and turn["tokens"]["total"] == 150
     assert turn["cost_usd"] == 0.5

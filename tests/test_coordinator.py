@@ -243,7 +243,7 @@ def test_a_timeout_kills_the_whole_agent_tree(setup: Setup) -> None:
     run = setup.launching_run("sleeper:any", timeout_seconds=2)
     started = time.monotonic()
     setup.coordinate(run)
-    assert time.monotonic() - started < 10
+    assert time.monotonic() - started < 20  # a 2 s timeout, not the 60 s default
     assert run.status == RunStatus.FAILED
     assert run.failure_code == FailureCode.TIMEOUT
     assert run.failure_message == "The agent did not finish within 2s."
@@ -264,7 +264,9 @@ def test_cancel_while_running_stops_the_agent_tree_within_a_heartbeat(setup: Set
         asked = time.monotonic()
         Run.objects.filter(pk=run.pk).update(cancel_requested_at=timezone.now())
         coordinator.wait(timeout=10)
-        assert time.monotonic() - asked < 2 * HEARTBEAT_SECONDS + 1.5
+        # Noticed at the next heartbeat; the rest is the kill's grace and the final writes,
+        # slower on a loaded machine. Without the heartbeat check it would run to its timeout.
+        assert time.monotonic() - asked < 2 * HEARTBEAT_SECONDS + 5
     finally:
         if coordinator.poll() is None:
             coordinator.kill()

@@ -231,3 +231,20 @@ def test_progress_bar_is_drawn_on_a_terminal(tmp_path: Path) -> None:
     text = output.decode(errors="replace")
     assert f"[{'#' * 30}] {len(SESSIONS)}/{len(SESSIONS)}" in text
     assert f"{len(SESSIONS)} new" in text
+
+
+def test_turns_record_model_time_within_their_wall_time() -> None:
+    """Model time is each response from the request it answered to its end: known for every
+    real session, and within the turn's time (these sessions run no sub-agents in parallel)."""
+    run_import(REAL_TRANSCRIPTS)
+    for session in SESSIONS:
+        thread = Thread.objects.get(session_id=session["session_id"])
+        for turn in thread.turns.all():
+            assert turn.model_seconds is not None and turn.model_seconds > 0, (
+                session["name"],
+                turn.index,
+            )
+            assert turn.model_seconds <= turn.seconds + 0.001
+        assert thread.model_seconds == pytest.approx(
+            sum(t.model_seconds for t in thread.turns.all())
+        )

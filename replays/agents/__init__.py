@@ -17,12 +17,16 @@ from django.conf import settings
 
 from replays.agents.base import Agent, ConfiguredAgent
 from replays.agents.baselines import EMPTY, HISTORICAL, EmptyAgent, HistoricalAgent
+from replays.agents.claude_code import ClaudeCodeAgent
+from replays.agents.codex import CodexAgent
 from replays.agents.command import CommandAgent
 from replays.models import MODEL_ID_LENGTH
 
 logger = logging.getLogger(__name__)
 
 KINDS: dict[str, type[ConfiguredAgent]] = {
+    CodexAgent.kind: CodexAgent,
+    ClaudeCodeAgent.kind: ClaudeCodeAgent,
     CommandAgent.kind: CommandAgent,
 }
 
@@ -48,6 +52,7 @@ class ModelInfo:
     available: bool
     reason: str = ""  # why it is not available here
     model: str = ""  # the model as the agent names it ("" for the baselines)
+    version: str = ""  # the installed agent's version, when it says
 
     @property
     def is_baseline(self) -> bool:
@@ -77,6 +82,7 @@ def discover_models() -> list[ModelInfo]:
         if not isinstance(agent_label, str) or not agent_label.strip():
             agent_label = name
         reason = kind.unavailable_reason(entry)
+        version = "" if reason else kind.version(entry)
         for item in entry["models"]:
             parsed = _model_entry(item)
             if parsed is None:
@@ -94,6 +100,7 @@ def discover_models() -> list[ModelInfo]:
                 available=not reason,
                 reason=reason,
                 model=model,
+                version=version,
             )
             # dict keeps the first insertion's position when a later one replaces the value.
             found[model_id] = info
@@ -107,6 +114,9 @@ def resolve_model(model_id: str) -> ModelInfo:
     for info in models:
         if info.id == wanted:
             return info
+    typed = _typed_by_hand(wanted, models)
+    if typed is not None:
+        return typed
     offering = [info for info in models if info.model and info.model == wanted]
     if len(offering) == 1:
         return offering[0]
@@ -117,6 +127,26 @@ def resolve_model(model_id: str) -> ModelInfo:
         )
     known = ", ".join(info.id for info in models)
     raise UnknownModel(f"Unknown model '{wanted}'. Known: {known}")
+
+
+def _typed_by_hand(wanted: str, models: list[ModelInfo]) -> ModelInfo | None:
+    """`agent:model` for a configured agent names any model that agent can run, listed or not."""
+    name, colon, model = wanted.partition(":")
+    if not colon or not model.strip() or any(char.isspace() for char in model):
+        return None
+    sibling = next((info for info in models if info.agent == name), None)
+    if sibling is None:
+        return None
+    agent_label = sibling.label.removesuffix(sibling.model).strip() or name
+    return ModelInfo(
+        id=wanted,
+        label=f"{agent_label} {model}",
+        agent=name,
+        available=sibling.available,
+        reason=sibling.reason,
+        model=model,
+        version=sibling.version,
+    )
 
 
 def adapter_for(model_id: str) -> Agent:

@@ -9,7 +9,11 @@ agent: spawn, heartbeat, timeout, cancel, diff.
 
 from __future__ import annotations
 
+import functools
+import os
 import re
+import shutil
+import subprocess
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -19,6 +23,8 @@ from typing import Any, ClassVar
 
 from replays.transcripts.base import TokenUsage
 
+# `agent --version` answers at once; a hung binary must not hold up a page.
+VERSION_TIMEOUT_SECONDS = 10
 # How much of an agent's log an error message quotes.
 ERROR_LINES = 20
 ERROR_CHARS = 4000
@@ -63,6 +69,9 @@ class AgentOutcome:
     model_seconds: float | None = None
     # Why the agent failed, in its own words ("" when it did not say).
     error: str = ""
+    # The agent reported failure itself (Claude's is_error, Codex's turn.failed), even if
+    # its process exited 0.
+    failed: bool = False
     # Lines for the run's log about what we ignored (a malformed usage file, ...).
     notes: list[str] = field(default_factory=list)
 
@@ -79,6 +88,11 @@ class Agent(ABC):
     @abstractmethod
     def outcome(self, context: RunContext, *, exit_code: int) -> AgentOutcome:
         """Parse what the finished process left behind (log, files in the run folder)."""
+
+    def render_log(self, text: str) -> str:
+        """The agent's output made readable for the run's log tail (JSON event streams
+        become lines a person reads). `text` may start in the middle of a line."""
+        return text
 
 
 def plain_text(text: str) -> str:
@@ -104,7 +118,7 @@ def read_tail(path: Path, *, max_bytes: int = 64 * 1024, max_lines: int = 200) -
         # Cut at a line start: the first line read is usually a fragment.
         newline = data.find(b"\n")
         if 0 <= newline < len(data) - 1:
-            data = data[newline + 1:]
+            data = data[newline + 1 :]
     lines = plain_text(data.decode("utf-8", errors="replace")).split("\n")
     return "\n".join(lines[-max_lines:])
 
@@ -137,3 +151,56 @@ class ConfiguredAgent(Agent):
     @abstractmethod
     def from_entry(cls, name: str, entry: Mapping[str, Any], model: str) -> ConfiguredAgent:
         """The adapter for `model` of the agent configured as `name`."""
+
+    @classmethod
+    def version(cls, entry: Mapping[str, Any]) -> str:
+        """The installed agent's version ("" when unknown)."""
+        return ""
+
+
+def program_unavailable_reason(program: str, env: Mapping[str, str] | None = None) -> str:
+    """Why `program` (a path, or a name looked up on PATH) cannot be started ("" when it can)."""
+    search_path = (env or {}).get("PATH") or os.environ.get("PATH", os.defpath)
+    if os.sep in program:
+        path = Path(program).expanduser()
+        if not path.is_file():
+            return f"{program} does not exist."
+        if not os.access(path, os.X_OK):
+            return f"{program} is not executable."
+        return ""
+    if shutil.which(program, path=search_path) is None:
+        return f"'{program}' was not found on PATH."
+    return ""
+
+
+def program_version(program: str, env: Mapping[str, str] | None = None) -> str:
+    """The first line `program --version` prints ("" when it cannot say), cached per binary."""
+    search_path = (env or {}).get("PATH") or os.environ.get("PATH", os.defpath)
+    resolved = (
+        str(Path(program).expanduser())
+        if os.sep in program
+        else shutil.which(program, path=search_path)
+    )
+    if not resolved:
+        return ""
+    try:
+        stamp = os.stat(resolved).st_mtime
+    except OSError:
+        return ""
+    return _version_of(resolved, stamp)
+
+
+@functools.lru_cache(maxsize=64)
+def _version_of(path: str, stamp: float) -> str:
+    try:
+        completed = subprocess.run(
+            [path, "--version"],
+            capture_output=True,
+            text=True,
+            timeout=VERSION_TIMEOUT_SECONDS,
+            stdin=subprocess.DEVNULL,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    lines = (completed.stdout or completed.stderr).strip().splitlines()
+    return plain_text(lines[0])[:100] if completed.returncode == 0 and lines else ""

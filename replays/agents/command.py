@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import shutil
 from collections.abc import Mapping
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
@@ -31,6 +29,7 @@ from replays.agents.base import (
     Invocation,
     RunContext,
     error_from_log,
+    program_unavailable_reason,
 )
 from replays.transcripts.base import TokenUsage
 
@@ -74,18 +73,7 @@ class CommandAgent(ConfiguredAgent):
 
     @classmethod
     def unavailable_reason(cls, entry: Mapping[str, Any]) -> str:
-        program = entry["command"][0]
-        search_path = entry.get("env", {}).get("PATH") or os.environ.get("PATH", os.defpath)
-        if os.sep in program:
-            path = Path(program).expanduser()
-            if not path.is_file():
-                return f"{program} does not exist."
-            if not os.access(path, os.X_OK):
-                return f"{program} is not executable."
-            return ""
-        if shutil.which(program, path=search_path) is None:
-            return f"'{program}' was not found on PATH."
-        return ""
+        return program_unavailable_reason(entry["command"][0], entry.get("env", {}))
 
     @classmethod
     def from_entry(cls, name: str, entry: Mapping[str, Any], model: str) -> CommandAgent:
@@ -154,8 +142,10 @@ def _parse_usage(data: object) -> tuple[TokenUsage, Decimal | None, float | None
         cost = _non_negative_decimal("cost_usd", cost)
     seconds = data.get("model_seconds")
     if seconds is not None:
-        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not (
-            math.isfinite(seconds) and seconds >= 0
+        if (
+            isinstance(seconds, bool)
+            or not isinstance(seconds, (int, float))
+            or not (math.isfinite(seconds) and seconds >= 0)
         ):
             raise ValueError(f"model_seconds must be a number of seconds, not {seconds!r}")
         seconds = float(seconds)

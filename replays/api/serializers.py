@@ -51,6 +51,7 @@ class TurnSerializer(serializers.ModelSerializer):
             "tokens",
             "cost_usd",
             "seconds",
+            "model_seconds",
         ]
 
 
@@ -86,6 +87,7 @@ class ThreadSerializer(serializers.ModelSerializer):
             "tokens",
             "cost_usd",
             "seconds",
+            "model_seconds",
             "source_path",
             "source_sha256",
             "source_size",
@@ -263,3 +265,4 @@ class ModelInfoSerializer(serializers.Serializer):
     agent = serializers.CharField()
     available = serializers.BooleanField()
     reason = serializers.CharField(allow_blank=True)
+    version = serializers.CharField(allow_blank=True, help_text="The installed agent's version.")

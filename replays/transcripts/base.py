@@ -60,6 +60,10 @@ class ParsedTurn:
     last_answer_at: datetime | None = None
     # Cost the tool itself recorded (Claude's costUSD on lines, when present), else None.
     recorded_cost_usd: float | None = None
+    # Time the model spent answering: for each API response, from the request it
+    # answered (the prompt or the tool result before it) to its last line. None when
+    # the transcript does not tell.
+    model_seconds: float | None = None
 
     @property
     def models(self) -> list[str]:

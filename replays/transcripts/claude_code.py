@@ -224,6 +224,8 @@ class _Response:
     last_at: datetime
     usage: TokenUsage = field(default_factory=TokenUsage)
     cost_usd: float | None = None
+    # When the request this response answers was written (the user line before it).
+    asked_at: datetime | None = None
 
 
 @dataclass
@@ -241,6 +243,8 @@ class _State:
     started_at: datetime | None = None
     ended_at: datetime | None = None
     recognised: bool = False
+    # The latest user line (prompt or tool result) of the file being read.
+    asked_at: datetime | None = None
 
     def saw_time(self, at: datetime) -> None:
         self.started_at = at if self.started_at is None else min(self.started_at, at)
@@ -328,6 +332,8 @@ def _read_line(
         # A skipped line adds nothing, its metadata and time included.
         lines.problem(line_number, str(exc))
         return
+    if line_type == "user" and at is not None:
+        state.asked_at = at
     if not main_file:
         # A sub-agent file adds usage only; its prompts, titles and times are its own.
         return
@@ -459,7 +465,9 @@ def _read_assistant(
     if response is None:
         # The first line of a response decides its turn; a sub-agent file that
         # repeats a response already seen in the main file does not move it.
-        response = _Response(turn_index=turn_index, model=model, first_at=at, last_at=at)
+        response = _Response(
+            turn_index=turn_index, model=model, first_at=at, last_at=at, asked_at=state.asked_at
+        )
         state.responses[key] = response
     # Streamed siblings repeat usage, often growing (output_tokens especially):
     # the largest value per kind is the response's usage, counted once.
@@ -512,6 +520,7 @@ def _read_subagents(
         label = f"{session_id}/subagents/{sub_path.name}"
         sub_problems: list[LineProblem] = []
         sub_lines: JsonLines | None = None
+        state.asked_at = None  # a sub-agent file's responses answer its own requests
         try:
             sub_lines = JsonLines(sub_path, max_bytes=max_bytes)
             sub_problems = sub_lines.problems
@@ -548,6 +557,9 @@ def _finish_turns(state: _State) -> None:
         turn = state.turns[response.turn_index]
         if turn.last_answer_at is None or response.last_at > turn.last_answer_at:
             turn.last_answer_at = response.last_at
+        if response.asked_at is not None and response.asked_at <= response.first_at:
+            answered_in = (response.last_at - response.asked_at).total_seconds()
+            turn.model_seconds = (turn.model_seconds or 0.0) + answered_in
         previous = turn.usage_by_model.get(response.model, TokenUsage())
         turn.usage_by_model[response.model] = previous + response.usage
         if response.cost_usd is not None:

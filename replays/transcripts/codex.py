@@ -93,7 +93,17 @@ class _TurnStarted:
     turn_id: str
 
 
-_Event = _Prompt | _Usage | _Answer | _TurnStarted
+@dataclass(frozen=True)
+class _ModelTime:
+    """One response took the model this long: from the request it answered to its record."""
+
+    at: datetime
+    seconds: float
+
+
+_Event = _Prompt | _Usage | _Answer | _TurnStarted | _ModelTime
+# Items that hand the model a new request: what the next response answers.
+_REQUEST_ITEMS = frozenset({"function_call_output", "custom_tool_call_output"})
 
 
 @dataclass(frozen=True)
@@ -155,6 +165,8 @@ class _Reader:
         self.previous_total: _RawUsage | None = None
         self.recorded_responses: set[str] = set()
         self.recognised = False
+        # When the latest request to the model (a prompt or a tool's output) was written.
+        self.asked_at: datetime | None = None
 
     def read(self) -> None:
         for line_number, value in self.lines:
@@ -255,10 +267,13 @@ class _Reader:
                 text = _item_text(payload)
                 if not text.lstrip().startswith(_INJECTED_PREFIXES):
                     self._prompt(at, text, None, "response_item")
+                self.asked_at = at
             elif role == "assistant":
                 self.events.append(_Answer(at))
         elif item_type in _MODEL_OUTPUT_ITEMS:
             self.events.append(_Answer(at))
+        elif item_type in _REQUEST_ITEMS:
+            self.asked_at = at
 
     def _prompt(
         self,
@@ -285,6 +300,8 @@ class _Reader:
         if usage.total:
             self.events.append(_Usage(at, self.model, usage, "record"))
             self.events.append(_Answer(at))
+            if self.asked_at is not None and self.asked_at <= at:
+                self.events.append(_ModelTime(at, (at - self.asked_at).total_seconds()))
 
     def _token_count(self, payload: dict[str, Any]) -> TokenUsage | None:
         """The usage this token_count event adds, or None when it adds nothing knowable.
@@ -454,6 +471,8 @@ def _build_turns(events: list[_Event], session_id: str) -> list[ParsedTurn]:
             worked = True
             if turn.last_answer_at is None or event.at > turn.last_answer_at:
                 turn.last_answer_at = event.at
+            if isinstance(event, _ModelTime):
+                turn.model_seconds = (turn.model_seconds or 0.0) + event.seconds
             if isinstance(event, _Usage):
                 by_model = usage[-1][event.source]
                 by_model[event.model] = by_model.get(event.model, TokenUsage()) + event.usage
