@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
@@ -129,7 +129,7 @@ def require_tool(path: Path | str, how_to_get: str) -> Path:
 
 
 @pytest.fixture
-def process_env(transactional_db: None, settings: Any) -> dict[str, str]:
+def process_env(transactional_db: None, settings: Any) -> Iterator[dict[str, str]]:
     """Environment for a child process (manage.py, qcluster) that uses this test's database."""
     from django.db import connection
 
@@ -145,7 +145,37 @@ def process_env(transactional_db: None, settings: Any) -> dict[str, str]:
         "PYTHONUNBUFFERED": "1",
     }
     env.pop("REDIS_URL", None)
-    return env
+    yield env
+    _wait_for_coordinators(url)
+
+
+def _wait_for_coordinators(database_url: str, seconds: float = 15) -> None:
+    """Let the coordinators a test started (on its database) end before the next test
+    flushes the tables, so none writes into another test; kill what is left."""
+    import time
+
+    import psutil
+
+    def ours() -> list[psutil.Process]:
+        found = []
+        for process in psutil.process_iter(["cmdline"]):
+            try:
+                if "run_coordinator" in (process.info["cmdline"] or []) and (
+                    process.environ().get("DATABASE_URL") == database_url
+                ):
+                    found.append(process)
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+        return found
+
+    deadline = time.monotonic() + seconds
+    while (left := ours()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for process in left:
+        try:
+            process.kill()
+        except psutil.NoSuchProcess:
+            pass
 
 
 MANIFEST_PATH = REAL_TRANSCRIPTS / "manifest.json"
