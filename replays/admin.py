@@ -198,34 +198,10 @@ class RunAdmin(admin.ModelAdmin):
     list_filter = ("status", "phase", "failure_code", "host", "model")
     search_fields = ("model", "thread__title", "failure_message", "host")
     list_select_related = ("batch", "thread")
-    readonly_fields = (
-        "batch",
-        "thread",
-        "model",
-        "status",
-        "phase",
-        "configuration",
-        "host",
-        "launcher",
-        "pid",
-        "pid_create_time",
-        "heartbeat_at",
-        "cancel_requested_at",
-        "workspace_path",
-        "created_at",
-        "claimed_at",
-        "started_at",
-        "finished_at",
-        "wall_seconds",
-        "model_seconds",
-        "exit_code",
-        "failure_code",
-        "failure_message",
-        "diff",
-        "log_tail",
-        "report",
-        *TOKEN_READONLY,
-    )
+
+    def get_readonly_fields(self, request: HttpRequest, obj: object = None) -> list[str]:
+        # A run changes only through the protocol (dispatch, coordinator, reconcile, cancel).
+        return [field.name for field in Run._meta.fields]
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
