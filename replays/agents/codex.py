@@ -1,11 +1,540 @@
-"""The Codex CLI as an agent (adapter being written; until then the kind is not usable)."""
+"""The Codex CLI as an agent: `codex exec --json` in the run's worktree.
+
+settings.REPLAYS_AGENTS entry (every key but "kind" and "models" optional):
+    {"kind": "codex", "label": "Codex", "binary": "codex", "models": ["gpt-5.5"],
+     "args": ["-c", "model_provider=fake"], "env": {"FAKE_KEY": "x"},
+     "sandbox": "workspace-write", "seed_files": {"auth.json": "~/.codex/auth.json"},
+     "config_toml": "model_reasoning_effort = \"high\"\n"}
+
+The process: `binary exec *args --json -C WORKSPACE -s SANDBOX --skip-git-repo-check
+-m MODEL -` with the request on stdin (never in argv, never through a shell). Each
+run gets its own CODEX_HOME in the run folder, holding only the seed files and
+config.toml given here: runs never read or add to the user's own sessions, and
+the session file Codex writes (CODEX_HOME/sessions/...) stays with the run.
+
+With --json Codex writes one JSON event a line on stdout; the run's log also holds
+its stderr, so lines that are not JSON are kept as plain text. The last
+turn.completed carries the thread's cumulative usage (input includes cached
+reads); Codex reports no cost, so it comes from the price table.
+"""
 
 from __future__ import annotations
 
-from typing import ClassVar
+import json
+import os
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any, ClassVar
 
-from replays.agents.command import CommandAgent
+from django.conf import settings
+
+from replays import pricing
+from replays.agents.base import (
+    ERROR_CHARS,
+    ERROR_LINES,
+    AgentOutcome,
+    AgentSetupError,
+    ConfiguredAgent,
+    Invocation,
+    RunContext,
+    plain_text,
+    program_unavailable_reason,
+    program_version,
+    read_tail,
+)
+from replays.transcripts.base import TokenUsage
+
+DEFAULT_BINARY = "codex"
+DEFAULT_SANDBOX = "workspace-write"
+SANDBOX_MODES = ("read-only", "workspace-write", "danger-full-access")
+# The run's own Codex home, inside the run folder.
+CODEX_HOME_DIR = "codex-home"
+CONFIG_TOML = "config.toml"
+# What the log tail shows of a command's output, and of any one line.
+OUTPUT_LINES = 5
+LINE_CHARS = 300
+MESSAGE_LINES = 12
+# Codex retries a dropped stream or a 5xx itself and says so with an `error` event;
+# only an error it does not recover from fails the run.
+_RETRY_PREFIX = "Reconnecting..."
+_SHELLS = frozenset({"bash", "sh", "zsh", "dash"})
 
 
-class CodexAgent(CommandAgent):
+class CodexAgent(ConfiguredAgent):
     kind: ClassVar[str] = "codex"
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        model: str,
+        binary: str = DEFAULT_BINARY,
+        args: list[str] | None = None,
+        env: dict[str, str] | None = None,
+        sandbox: str = DEFAULT_SANDBOX,
+        seed_files: dict[str, str] | None = None,
+        config_toml: str | None = None,
+    ) -> None:
+        self.name = name
+        self.model = model
+        self.binary = binary
+        self.args = list(args or [])
+        self.env = dict(env or {})
+        self.sandbox = sandbox
+        self.seed_files = dict(seed_files or {})
+        self.config_toml = config_toml
+
+    # --- configuration --------------------------------------------------------------
+
+    @classmethod
+    def check_entry(cls, entry: Mapping[str, Any]) -> None:
+        binary = entry.get("binary", DEFAULT_BINARY)
+        if not isinstance(binary, str) or not binary.strip():
+            raise ValueError("'binary' must be a program name or path")
+        args = entry.get("args", [])
+        if not isinstance(args, list) or not all(isinstance(arg, str) for arg in args):
+            raise ValueError("'args' must be a list of strings")
+        env = entry.get("env", {})
+        if not isinstance(env, Mapping) or not all(
+            isinstance(key, str) and key and isinstance(value, str) for key, value in env.items()
+        ):
+            raise ValueError("'env' must map names to strings")
+        if "CODEX_HOME" in env:
+            raise ValueError(
+                "'env' must not set CODEX_HOME: each run gets its own "
+                "(give what it needs in 'seed_files' or 'config_toml')"
+            )
+        sandbox = entry.get("sandbox", DEFAULT_SANDBOX)
+        if sandbox not in SANDBOX_MODES:
+            raise ValueError(f"'sandbox' must be one of {', '.join(SANDBOX_MODES)}")
+        seeds = entry.get("seed_files", {})
+        if not isinstance(seeds, Mapping):
+            raise ValueError("'seed_files' must map file names in CODEX_HOME to source paths")
+        for target, source in seeds.items():
+            _check_seed_target(target)
+            if not isinstance(source, str) or not source.strip():
+                raise ValueError(f"'seed_files': the source of {target!r} must be a path")
+        config_toml = entry.get("config_toml")
+        if config_toml is not None and not isinstance(config_toml, str):
+            raise ValueError("'config_toml' must be the text of a config.toml")
+        if config_toml is not None and any(
+            PurePosixPath(target) == PurePosixPath(CONFIG_TOML) for target in seeds
+        ):
+            raise ValueError("give config.toml either in 'seed_files' or as 'config_toml'")
+
+    @classmethod
+    def unavailable_reason(cls, entry: Mapping[str, Any]) -> str:
+        env = entry.get("env", {})
+        reason = program_unavailable_reason(entry.get("binary", DEFAULT_BINARY), env)
+        if reason:
+            return reason
+        for target, source in entry.get("seed_files", {}).items():
+            path = Path(source).expanduser()
+            if not path.exists():
+                return f"The seed file {source} (for CODEX_HOME/{target}) does not exist."
+            if not path.is_file():
+                return f"The seed file {source} (for CODEX_HOME/{target}) is not a file."
+        return ""
+
+    @classmethod
+    def version(cls, entry: Mapping[str, Any]) -> str:
+        return program_version(entry.get("binary", DEFAULT_BINARY), entry.get("env", {}))
+
+    @classmethod
+    def from_entry(cls, name: str, entry: Mapping[str, Any], model: str) -> CodexAgent:
+        return cls(
+            name=name,
+            model=model,
+            binary=entry.get("binary", DEFAULT_BINARY),
+            args=list(entry.get("args", [])),
+            env=dict(entry.get("env", {})),
+            sandbox=entry.get("sandbox", DEFAULT_SANDBOX),
+            seed_files=dict(entry.get("seed_files", {})),
+            config_toml=entry.get("config_toml"),
+        )
+
+    # --- one run --------------------------------------------------------------------
+
+    def invocation(self, context: RunContext) -> Invocation:
+        if self.model.startswith("-"):
+            # A model typed by hand must not turn into an option of codex.
+            raise AgentSetupError(f"'{self.model}' is not a model name.")
+        home = self.prepare_home(context.run_dir)
+        binary = str(Path(self.binary).expanduser()) if os.sep in self.binary else self.binary
+        argv = [
+            binary,
+            "exec",
+            *self.args,
+            "--json",
+            "-C",
+            str(context.workspace),
+            "-s",
+            self.sandbox,
+            "--skip-git-repo-check",
+            "-m",
+            self.model,
+            "-",  # the prompt is stdin
+        ]
+        return Invocation(
+            argv=argv,
+            env={**self.env, "CODEX_HOME": str(home)},
+            stdin_path=context.request_file,
+        )
+
+    def prepare_home(self, run_dir: Path) -> Path:
+        """The run's own CODEX_HOME, holding only the seed files and config.toml."""
+        home = run_dir / CODEX_HOME_DIR
+        home.mkdir(mode=0o700, parents=True, exist_ok=True)
+        for target, source in self.seed_files.items():
+            source_path = Path(source).expanduser()
+            try:
+                data = source_path.read_bytes()
+            except FileNotFoundError:
+                raise AgentSetupError(
+                    f"The seed file {source} (for CODEX_HOME/{target}) does not exist."
+                ) from None
+            except OSError as exc:
+                raise AgentSetupError(
+                    f"The seed file {source} (for CODEX_HOME/{target}) cannot be read: "
+                    f"{exc.strerror or exc}"
+                ) from None
+            _write_private(home / target, data)
+        if self.config_toml is not None:
+            _write_private(home / CONFIG_TOML, self.config_toml.encode("utf-8"))
+        return home
+
+    def outcome(self, context: RunContext, *, exit_code: int) -> AgentOutcome:
+        events = EventSummary()
+        try:
+            with context.log_path.open(encoding="utf-8", errors="replace") as log:
+                for line in log:
+                    event = _json_event(line)
+                    if event is not None:
+                        events.add(event)
+        except OSError as exc:
+            return AgentOutcome(
+                error=f"The agent's log could not be read: {exc}",
+                failed=True,
+                notes=[f"The agent's log could not be read: {exc}"],
+            )
+        outcome = AgentOutcome(final_message=events.final_message)
+        if events.usage is not None:
+            outcome.usage = events.usage
+            table = pricing.load_price_table(settings.REPLAYS_PRICES_FILE)
+            outcome.cost_usd = pricing.cost_usd(self.model, events.usage, table)
+        else:
+            outcome.notes.append("Codex reported no token usage: tokens and cost are unknown.")
+        outcome.failed = bool(events.failure)
+        outcome.error = events.failure
+        if exit_code != 0 and not outcome.error:
+            outcome.error = events.last_retry or _readable_tail(
+                self.render_log(read_tail(context.log_path))
+            )
+        return outcome
+
+    def render_log(self, text: str) -> str:
+        return render_events(text)
+
+
+# --- the event stream ------------------------------------------------------------------
+
+
+@dataclass
+class EventSummary:
+    """What a run's events add up to, fed one event at a time."""
+
+    thread_id: str = ""
+    final_message: str = ""
+    usage: TokenUsage | None = None
+    # Why the turn failed ("" while it did not): turn.failed, or an error it did not survive.
+    failure: str = ""
+    last_retry: str = ""
+
+    def add(self, event: Mapping[str, Any]) -> None:
+        kind = event.get("type")
+        if kind in ("thread.started", "session.created"):
+            self.thread_id = _text(event.get("thread_id") or event.get("session_id"))
+        elif kind == "turn.completed":
+            usage = _usage(event.get("usage"))
+            if usage is not None:
+                self.usage = usage
+            # Errors reported before the turn completed were survived.
+            self.failure = ""
+        elif kind == "turn.failed":
+            error = event.get("error")
+            message = _text(error.get("message")) if isinstance(error, Mapping) else _text(error)
+            self.failure = readable_error(message) or "Codex reported that the turn failed."
+        elif kind == "error":
+            message = readable_error(_text(event.get("message")))
+            if event.get("will_retry") is True or message.startswith(_RETRY_PREFIX):
+                self.last_retry = message
+            else:
+                self.failure = message or "Codex reported an error."
+        elif kind in ("item.started", "item.updated", "item.completed"):
+            item = event.get("item")
+            if (
+                kind == "item.completed"
+                and isinstance(item, Mapping)
+                and _item_type(item) == "agent_message"
+            ):
+                self.final_message = _text(item.get("text"))
+        # Anything else (turn.started, events of newer builds) changes nothing here.
+
+
+def render_events(text: str) -> str:
+    """Codex's JSON event stream (with stderr lines between) as lines a person reads.
+
+    `text` may start in the middle of a line (a broken first line is skipped) and
+    end in one (a JSON line still being written is skipped).
+    """
+    lines = text.split("\n")
+    if lines and _is_fragment(lines[0]):
+        lines = lines[1:]
+    renderer = _Renderer()
+    for index, line in enumerate(lines):
+        if not line.strip():
+            continue
+        event = _json_event(line)
+        if event is not None:
+            renderer.event(event)
+        elif line.lstrip().startswith("{") and index == len(lines) - 1:
+            continue  # still being written
+        else:
+            renderer.emit(line)
+    return "\n".join(renderer.lines)
+
+
+class _Renderer:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.last_command = ""  # id of the command whose `$ ...` line was written last
+
+    def emit(self, line: str) -> None:
+        for part in plain_text(line).split("\n"):
+            part = part.rstrip()
+            if len(part) > LINE_CHARS:
+                part = part[: LINE_CHARS - 1] + "…"
+            self.lines.append(part)
+        self.last_command = ""
+
+    def event(self, event: Mapping[str, Any]) -> None:
+        kind = event.get("type")
+        if kind in ("thread.started", "session.created"):
+            thread = _text(event.get("thread_id") or event.get("session_id"))
+            self.emit(f"codex session {thread}" if thread else "codex session started")
+        elif kind == "turn.completed":
+            usage = _usage(event.get("usage"))
+            if usage is not None:
+                total_input = usage.input_tokens + usage.cache_read_tokens
+                total_input += usage.cache_write_5m_tokens
+                self.emit(
+                    f"tokens: {total_input:,} input ({usage.cache_read_tokens:,} cached), "
+                    f"{usage.output_tokens:,} output"
+                )
+            else:
+                self.emit("turn completed")
+        elif kind == "turn.failed":
+            error = event.get("error")
+            message = _text(error.get("message")) if isinstance(error, Mapping) else _text(error)
+            self.emit(f"turn failed: {readable_error(message)}")
+        elif kind == "error":
+            self.emit(f"error: {readable_error(_text(event.get('message')))}")
+        elif kind in ("item.started", "item.updated", "item.completed"):
+            item = event.get("item")
+            if isinstance(item, Mapping):
+                self.item(kind, item)
+        # turn.started and unknown events add nothing a reader needs.
+
+    def item(self, kind: str, item: Mapping[str, Any]) -> None:
+        item_type = _item_type(item)
+        item_id = _text(item.get("id"))
+        done = kind == "item.completed"
+        if item_type == "command_execution":
+            command = _command_text(item.get("command"))
+            if kind == "item.started":
+                self.emit(f"$ {_first_lines(command, 3)}")
+                self.last_command = item_id
+            elif done:
+                if not item_id or self.last_command != item_id:
+                    self.emit(f"$ {_first_lines(command, 3)}")
+                self.command_result(item)
+        elif not done:
+            if item_type == "todo_list" and kind == "item.started":
+                self.todo_list(item)
+            return  # the rest is shown once, when complete
+        elif item_type == "agent_message":
+            self.emit(f"assistant: {_first_lines(_text(item.get('text')), MESSAGE_LINES)}")
+        elif item_type == "reasoning":
+            self.emit(f"thinking: {_first_lines(_text(item.get('text')), 2)}")
+        elif item_type == "plan":
+            self.emit(f"plan: {_first_lines(_text(item.get('text')), MESSAGE_LINES)}")
+        elif item_type == "file_change":
+            failed = item.get("status") == "failed"
+            for change in item.get("changes") or []:
+                if isinstance(change, Mapping):
+                    verb = {"add": "added", "delete": "deleted"}.get(
+                        _text(change.get("kind")), "edited"
+                    )
+                    path = _text(change.get("path"))
+                    self.emit(f"could not edit {path}" if failed else f"{verb} {path}")
+        elif item_type == "mcp_tool_call":
+            name = ".".join(p for p in (_text(item.get("server")), _text(item.get("tool"))) if p)
+            error = item.get("error")
+            if isinstance(error, Mapping) and error.get("message"):
+                self.emit(f"tool {name}: failed: {_text(error.get('message'))}")
+            else:
+                self.emit(f"tool {name}: {_text(item.get('status')) or 'done'}")
+        elif item_type == "web_search":
+            self.emit(f"web search: {_text(item.get('query'))}")
+        elif item_type == "todo_list":
+            self.todo_list(item)
+        elif item_type == "error":
+            self.emit(f"warning: {_text(item.get('message'))}")
+
+    def command_result(self, item: Mapping[str, Any]) -> None:
+        exit_code = item.get("exit_code")
+        status = _text(item.get("status"))
+        if isinstance(exit_code, int) and not isinstance(exit_code, bool):
+            summary = f"exit {exit_code}"
+        else:
+            summary = status or "ended"
+        if status == "declined":
+            summary = "declined"
+        output = plain_text(_text(item.get("aggregated_output"))).rstrip("\n")
+        self.emit(f"  {summary}")
+        if output:
+            output_lines = output.split("\n")
+            for line in output_lines[:OUTPUT_LINES]:
+                self.emit(f"    {line}")
+            if len(output_lines) > OUTPUT_LINES:
+                self.emit(f"    … {len(output_lines) - OUTPUT_LINES} more lines")
+
+    def todo_list(self, item: Mapping[str, Any]) -> None:
+        entries = [entry for entry in item.get("items") or [] if isinstance(entry, Mapping)]
+        done = sum(1 for entry in entries if entry.get("completed") is True)
+        self.emit(f"plan: {done}/{len(entries)} done")
+        for entry in entries:
+            mark = "x" if entry.get("completed") is True else " "
+            self.emit(f"  [{mark}] {_text(entry.get('text'))}")
+
+
+# --- helpers ---------------------------------------------------------------------------
+
+
+def readable_error(message: str) -> str:
+    """An API error body that Codex quotes as it came ({"error": {"message": ...}}) as its message."""
+    message = message.strip()
+    if message.startswith("{"):
+        try:
+            body = json.loads(message)
+        except ValueError:
+            return message
+        if isinstance(body, Mapping):
+            error = body.get("error", body)
+            if isinstance(error, Mapping) and isinstance(error.get("message"), str):
+                return error["message"].strip() or message
+            if isinstance(error, str) and error.strip():
+                return error.strip()
+            if isinstance(body.get("detail"), str):
+                return body["detail"]
+    return message
+
+
+def _json_event(line: str) -> dict[str, Any] | None:
+    line = line.strip()
+    if not line.startswith("{"):
+        return None
+    try:
+        event = json.loads(line)
+    except ValueError:
+        return None
+    return event if isinstance(event, dict) and isinstance(event.get("type"), str) else None
+
+
+def _is_fragment(line: str) -> bool:
+    """A first line that is the end of a JSON event cut off at its start."""
+    stripped = line.strip()
+    if not stripped or stripped.startswith("{"):
+        return False
+    return stripped.endswith("}") or '":' in stripped
+
+
+def _item_type(item: Mapping[str, Any]) -> str:
+    # Older builds wrote `item_type` and called the agent's message `assistant_message`.
+    kind = _text(item.get("type") or item.get("item_type"))
+    return "agent_message" if kind == "assistant_message" else kind
+
+
+def _usage(value: object) -> TokenUsage | None:
+    """Codex's usage (input includes cached reads and, as read here, cache writes) as
+    disjoint kinds, the way replays.transcripts.codex reads session files."""
+    if not isinstance(value, Mapping):
+        return None
+    numbers = {}
+    for key in ("input_tokens", "cached_input_tokens", "cache_write_input_tokens", "output_tokens"):
+        number = value.get(key, 0)
+        if key == "cached_input_tokens" and key not in value:
+            number = value.get("cache_read_input_tokens", 0)
+        if isinstance(number, bool) or not isinstance(number, int) or number < 0:
+            return None
+        numbers[key] = number
+    input_tokens = numbers["input_tokens"]
+    cached = min(numbers["cached_input_tokens"], input_tokens)
+    written = min(numbers["cache_write_input_tokens"], input_tokens - cached)
+    return TokenUsage(
+        input_tokens=input_tokens - cached - written,
+        cache_read_tokens=cached,
+        cache_write_5m_tokens=written,
+        output_tokens=numbers["output_tokens"],
+    )
+
+
+def _command_text(command: object) -> str:
+    """The command as the model wrote it, without the `bash -lc` wrapper Codex reports."""
+    if isinstance(command, list):
+        command = shlex.join(str(part) for part in command)
+    text = _text(command)
+    try:
+        parts = shlex.split(text)
+    except ValueError:
+        return text
+    if len(parts) == 3 and Path(parts[0]).name in _SHELLS and parts[1] in ("-c", "-lc"):
+        return parts[2]
+    return text
+
+
+def _first_lines(text: str, count: int) -> str:
+    lines = text.strip().split("\n")
+    shown = "\n  ".join(lines[:count])
+    return shown + (f"\n  … {len(lines) - count} more lines" if len(lines) > count else "")
+
+
+def _readable_tail(rendered: str) -> str:
+    lines = [line for line in rendered.split("\n") if line.strip()]
+    return "\n".join(lines[-ERROR_LINES:])[-ERROR_CHARS:]
+
+
+def _text(value: object) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def _check_seed_target(target: object) -> None:
+    if not isinstance(target, str) or not target.strip():
+        raise ValueError("'seed_files': each key is a file name inside CODEX_HOME")
+    path = PurePosixPath(target)
+    if path.is_absolute() or not path.parts or ".." in path.parts or target.startswith("~"):
+        raise ValueError(
+            f"'seed_files': {target!r} must be a relative path inside CODEX_HOME "
+            "(the source path is the value)"
+        )
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    """Write a file only the owner reads (auth.json holds credentials)."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(descriptor, 0o600)
+    with os.fdopen(descriptor, "wb") as handle:
+        handle.write(data)
