@@ -1,11 +1,753 @@
-"""Claude Code as an agent (adapter being written; until then the kind is not usable)."""
+"""Claude Code as an agent: `claude -p --output-format stream-json` in the run's worktree.
+
+settings.REPLAYS_AGENTS entry (every key but "kind" and "models" optional):
+    {"kind": "claude_code", "label": "Claude Code", "binary": "claude",
+     "models": ["claude-sonnet-4-5"], "args": ["--effort", "high"],
+     "env": {"ANTHROPIC_BASE_URL": "http://127.0.0.1:8080", "ANTHROPIC_API_KEY": "..."},
+     "permission_mode": "acceptEdits", "max_turns": 50, "max_budget_usd": 5,
+     "seed_files": {".claude/.credentials.json": "~/.claude/.credentials.json"}}
+
+The process: `binary -p --output-format stream-json --verbose --model MODEL
+--permission-mode MODE [--max-turns N] [--max-budget-usd X] *args` with the request
+on stdin (never in argv, never through a shell). Each run gets its own HOME in the
+run folder (`claude-home`, CLAUDE_CONFIG_DIR its `.claude`), holding only the seed
+files: runs never read or add to the user's ~/.claude, and the session transcript
+Claude Code writes (`claude-home/.claude/projects/<slug>/<session>.jsonl`) stays with
+the run. Seed paths are relative to that HOME; since CLAUDE_CONFIG_DIR is HOME/.claude,
+Claude reads everything there, its `.claude.json` included (seed it as `.claude/.claude.json`).
+"acceptEdits" lets Claude edit files in the worktree and run simple commands (in 2.1.197:
+echo, ls, sleep, redirections into the worktree; not python) and refuses the rest;
+"bypassPermissions" lets it run anything (as root Claude then needs IS_SANDBOX=1,
+which is set unless the entry's env says otherwise).
+
+With stream-json Claude writes one JSON event a line on stdout; the run's log also
+holds its stderr, so lines that are not JSON are kept as plain text. The last event
+is `result`: the final text, is_error, the main conversation's usage (sub-agents appear
+only in its per-model modelUsage, added here), Claude's own cost for everything
+(total_cost_usd) and the time spent waiting on the API (duration_api_ms).
+"""
 
 from __future__ import annotations
 
-from typing import ClassVar
+import json
+import math
+import os
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from decimal import Decimal
+from pathlib import Path, PurePosixPath
+from typing import Any, ClassVar
 
-from replays.agents.command import CommandAgent
+from django.conf import settings
+
+from replays import pricing
+from replays.agents.base import (
+    ERROR_CHARS,
+    ERROR_LINES,
+    AgentOutcome,
+    AgentSetupError,
+    ConfiguredAgent,
+    Invocation,
+    RunContext,
+    plain_text,
+    program_unavailable_reason,
+    program_version,
+    read_tail,
+)
+from replays.transcripts.base import TokenUsage, TranscriptError
+from replays.transcripts.claude_code import parse_claude_code
+
+DEFAULT_BINARY = "claude"
+DEFAULT_PERMISSION_MODE = "acceptEdits"
+# What `claude --help` (2.1.197) accepts for --permission-mode.
+PERMISSION_MODES = ("acceptEdits", "auto", "bypassPermissions", "default", "dontAsk", "plan")
+# The run's own HOME, inside the run folder; Claude's configuration folder inside it.
+HOME_DIR = "claude-home"
+CONFIG_DIR = ".claude"
+# Flags this kind sets itself: 'args' giving them again would break the parsing or
+# contradict the entry's own keys.
+_OWN_FLAGS = {
+    "-p": "it always runs with -p",
+    "--print": "it always runs with -p",
+    "--output-format": "the log is parsed as stream-json",
+    "--input-format": "the request is given as text on stdin",
+    "--model": "the model comes from the model id",
+    "--permission-mode": "use 'permission_mode'",
+    "--max-turns": "use 'max_turns'",
+    "--max-budget-usd": "use 'max_budget_usd'",
+}
+# Environment the run's isolation depends on.
+_OWN_ENV = {
+    "HOME": "each run gets its own HOME (copy what it needs with 'seed_files')",
+    "CLAUDE_CONFIG_DIR": "each run gets its own (copy what it needs with 'seed_files')",
+}
+# What the log tail shows of a tool's output, of an assistant message, and of any line.
+OUTPUT_LINES = 5
+MESSAGE_LINES = 12
+LINE_CHARS = 300
+# Tools whose input names a file: shown as `Edit textstats/core.py`.
+_FILE_TOOLS = {
+    "Read": "file_path",
+    "Edit": "file_path",
+    "MultiEdit": "file_path",
+    "Write": "file_path",
+    "NotebookEdit": "notebook_path",
+}
+# Tools shown with one argument: `Grep: line_count`.
+_ONE_ARGUMENT_TOOLS = {
+    "Glob": "pattern",
+    "Grep": "pattern",
+    "Task": "description",
+    "Agent": "description",
+    "WebFetch": "url",
+    "WebSearch": "query",
+    "Skill": "skill",
+}
 
 
-class ClaudeCodeAgent(CommandAgent):
+class ClaudeCodeAgent(ConfiguredAgent):
     kind: ClassVar[str] = "claude_code"
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        model: str,
+        binary: str = DEFAULT_BINARY,
+        args: list[str] | None = None,
+        env: dict[str, str] | None = None,
+        permission_mode: str = DEFAULT_PERMISSION_MODE,
+        max_turns: int | None = None,
+        max_budget_usd: float | int | None = None,
+        seed_files: dict[str, str] | None = None,
+    ) -> None:
+        self.name = name
+        self.model = model
+        self.binary = binary
+        self.args = list(args or [])
+        self.env = dict(env or {})
+        self.permission_mode = permission_mode
+        self.max_turns = max_turns
+        self.max_budget_usd = max_budget_usd
+        self.seed_files = dict(seed_files or {})
+
+    # --- configuration --------------------------------------------------------------
+
+    @classmethod
+    def check_entry(cls, entry: Mapping[str, Any]) -> None:
+        binary = entry.get("binary", DEFAULT_BINARY)
+        if not isinstance(binary, str) or not binary.strip():
+            raise ValueError("'binary' must be a program name or path")
+        args = entry.get("args", [])
+        if not isinstance(args, list) or not all(isinstance(arg, str) for arg in args):
+            raise ValueError("'args' must be a list of strings")
+        for arg in args:
+            flag = arg.split("=", 1)[0]
+            if flag in _OWN_FLAGS:
+                raise ValueError(
+                    f"'args' must not give {flag}: the claude_code kind sets it "
+                    f"({_OWN_FLAGS[flag]})"
+                )
+        env = entry.get("env", {})
+        if not isinstance(env, Mapping) or not all(
+            isinstance(key, str) and key and isinstance(value, str) for key, value in env.items()
+        ):
+            raise ValueError("'env' must map names to strings")
+        for name, why in _OWN_ENV.items():
+            if name in env:
+                raise ValueError(f"'env' must not set {name}: {why}")
+        mode = entry.get("permission_mode", DEFAULT_PERMISSION_MODE)
+        if mode not in PERMISSION_MODES:
+            raise ValueError(
+                f"'permission_mode' must be one of {', '.join(PERMISSION_MODES)}, not {mode!r}"
+            )
+        max_turns = entry.get("max_turns")
+        if max_turns is not None and (
+            isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1
+        ):
+            raise ValueError(f"'max_turns' must be a whole number of at least 1, not {max_turns!r}")
+        budget = entry.get("max_budget_usd")
+        if budget is not None and (
+            isinstance(budget, bool)
+            or not isinstance(budget, (int, float))
+            or not math.isfinite(budget)
+            or budget <= 0
+        ):
+            raise ValueError(
+                f"'max_budget_usd' must be a positive number of dollars, not {budget!r}"
+            )
+        seeds = entry.get("seed_files", {})
+        if not isinstance(seeds, Mapping):
+            raise ValueError("'seed_files' must map paths inside the run's HOME to source paths")
+        for target, source in seeds.items():
+            _check_seed_target(target)
+            if not isinstance(source, str) or not source.strip():
+                raise ValueError(f"'seed_files': the source of {target!r} must be a path")
+
+    @classmethod
+    def unavailable_reason(cls, entry: Mapping[str, Any]) -> str:
+        reason = program_unavailable_reason(entry.get("binary", DEFAULT_BINARY), entry.get("env"))
+        if reason:
+            return reason
+        for target, source in entry.get("seed_files", {}).items():
+            if not Path(source).expanduser().is_file():
+                return f"The seed file {source} (for HOME/{target}) does not exist."
+        return ""
+
+    @classmethod
+    def version(cls, entry: Mapping[str, Any]) -> str:
+        return program_version(entry.get("binary", DEFAULT_BINARY), entry.get("env"))
+
+    @classmethod
+    def from_entry(cls, name: str, entry: Mapping[str, Any], model: str) -> ClaudeCodeAgent:
+        return cls(
+            name=name,
+            model=model,
+            binary=entry.get("binary", DEFAULT_BINARY),
+            args=list(entry.get("args", [])),
+            env=dict(entry.get("env", {})),
+            permission_mode=entry.get("permission_mode", DEFAULT_PERMISSION_MODE),
+            max_turns=entry.get("max_turns"),
+            max_budget_usd=entry.get("max_budget_usd"),
+            seed_files=dict(entry.get("seed_files", {})),
+        )
+
+    # --- one run --------------------------------------------------------------------
+
+    def invocation(self, context: RunContext) -> Invocation:
+        home = self.prepare_home(context.run_dir)
+        binary = str(Path(self.binary).expanduser()) if os.sep in self.binary else self.binary
+        argv = [
+            binary,
+            "-p",
+            "--output-format",
+            "stream-json",
+            "--verbose",
+            "--model",
+            self.model,
+            "--permission-mode",
+            self.permission_mode,
+        ]
+        if self.max_turns is not None:
+            argv += ["--max-turns", str(self.max_turns)]
+        if self.max_budget_usd is not None:
+            argv += ["--max-budget-usd", str(self.max_budget_usd)]
+        argv += self.args
+        env = {
+            **self.env,
+            "HOME": str(home),
+            # Set as well: one inherited from the coordinator's environment would
+            # otherwise point every run at the same configuration folder.
+            "CLAUDE_CONFIG_DIR": str(home / CONFIG_DIR),
+        }
+        # No update checks, telemetry or error reports from inside a run.
+        env.setdefault("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
+        if self._bypasses_permissions() and os.geteuid() == 0:
+            # As root Claude refuses to skip permission checks outside a sandbox.
+            env.setdefault("IS_SANDBOX", "1")
+        return Invocation(argv=argv, env=env, stdin_path=context.request_file)
+
+    def _bypasses_permissions(self) -> bool:
+        return (
+            self.permission_mode == "bypassPermissions"
+            or "--dangerously-skip-permissions" in self.args
+        )
+
+    def prepare_home(self, run_dir: Path) -> Path:
+        """The run's own HOME, holding only the seed files."""
+        home = run_dir / HOME_DIR
+        (home / CONFIG_DIR).mkdir(mode=0o700, parents=True, exist_ok=True)
+        for target, source in self.seed_files.items():
+            source_path = Path(source).expanduser()
+            try:
+                data = source_path.read_bytes()
+            except FileNotFoundError:
+                raise AgentSetupError(
+                    f"The seed file {source} (for HOME/{target}) does not exist."
+                ) from None
+            except OSError as exc:
+                raise AgentSetupError(
+                    f"The seed file {source} (for HOME/{target}) cannot be read: "
+                    f"{exc.strerror or exc}"
+                ) from None
+            try:
+                _write_private(home / target, data)
+            except OSError as exc:
+                raise AgentSetupError(
+                    f"The seed file {source} cannot be copied to HOME/{target}: "
+                    f"{exc.strerror or exc}"
+                ) from None
+        return home
+
+    def outcome(self, context: RunContext, *, exit_code: int) -> AgentOutcome:
+        summary = StreamSummary()
+        try:
+            with context.log_path.open(encoding="utf-8", errors="replace") as log:
+                for event in _events(log):
+                    summary.add(event)
+        except OSError as exc:
+            return AgentOutcome(error=f"The agent's log could not be read: {exc}", failed=True)
+        if summary.result is None:
+            return self._outcome_without_result(context, summary)
+        outcome = result_outcome(summary.result, model=self.model)
+        if exit_code != 0 and not outcome.error:
+            outcome.error = _readable_tail(self.render_log(read_tail(context.log_path)))
+        return outcome
+
+    def _outcome_without_result(self, context: RunContext, summary: StreamSummary) -> AgentOutcome:
+        """Claude ended without its result line (a crash, a bad flag): failed, usage from
+        the session transcript when there is one."""
+        tail = _readable_tail(self.render_log(read_tail(context.log_path)))
+        outcome = AgentOutcome(
+            failed=True,
+            error="Claude Code ended without a result." + (f"\n{tail}" if tail else ""),
+        )
+        transcript = find_transcript(context.run_dir / HOME_DIR, summary.session_id)
+        if transcript is None:
+            outcome.notes.append("Claude Code reported no usage: tokens and cost are unknown.")
+            return outcome
+        try:
+            parsed = parse_claude_code(transcript, max_bytes=settings.REPLAYS_MAX_TRANSCRIPT_BYTES)
+        except (OSError, TranscriptError) as exc:
+            outcome.notes.append(f"The session transcript could not be read: {exc}")
+            return outcome
+        by_model: dict[str, TokenUsage] = {}
+        for turn in parsed.turns:
+            for model, usage in turn.usage_by_model.items():
+                by_model[model] = by_model.get(model, TokenUsage()) + usage
+        outcome.usage = sum(by_model.values(), TokenUsage())
+        table = pricing.load_price_table(settings.REPLAYS_PRICES_FILE)
+        outcome.cost_usd = pricing.turn_cost_usd(by_model, table)
+        outcome.notes.append(
+            "Claude Code wrote no result: tokens and cost come from its session transcript."
+        )
+        return outcome
+
+    def render_log(self, text: str) -> str:
+        return render_events(text)
+
+
+# --- the result line ---------------------------------------------------------------------
+
+
+@dataclass
+class StreamSummary:
+    """What a run's stream-json events add up to, fed one event at a time."""
+
+    session_id: str = ""
+    result: dict[str, Any] | None = None
+
+    def add(self, event: Mapping[str, Any]) -> None:
+        kind = event.get("type")
+        if kind == "system" and event.get("subtype") == "init" and not self.session_id:
+            self.session_id = _text(event.get("session_id"))
+        elif kind == "result":
+            # The last one counts (there is one per session; a resumed stream may add more).
+            self.result = dict(event)
+            self.session_id = _text(event.get("session_id")) or self.session_id
+
+
+def result_outcome(result: Mapping[str, Any], *, model: str) -> AgentOutcome:
+    """The outcome the result line describes: final text, usage, Claude's cost, API time,
+    and whether Claude itself reported an error (is_error, whatever the subtype)."""
+    outcome = AgentOutcome(final_message=_text(result.get("result")))
+    try:
+        outcome.usage = claude_usage(result.get("usage"))
+    except ValueError as exc:
+        outcome.notes.append(f"Claude Code's usage was ignored: {exc}")
+    extra = _usage_beyond(outcome.usage, result.get("modelUsage"))
+    if extra.total:
+        outcome.usage = outcome.usage + extra
+        outcome.notes.append(
+            f"Claude Code's result usage leaves out sub-agents: {extra.total:,} tokens from its "
+            "per-model usage were added (their cache writes as 5-minute writes)."
+        )
+    outcome.cost_usd = _reported_cost(result)
+    if outcome.cost_usd is None:
+        table = pricing.load_price_table(settings.REPLAYS_PRICES_FILE)
+        outcome.cost_usd = pricing.cost_usd(model, outcome.usage, table)
+    api_ms = result.get("duration_api_ms")
+    if _is_number(api_ms) and api_ms >= 0:
+        outcome.model_seconds = round(api_ms / 1000, 3)
+    if result.get("is_error") is True:
+        outcome.failed = True
+        outcome.error = result_error(result)
+    denials = [d for d in result.get("permission_denials") or [] if isinstance(d, Mapping)]
+    if denials:
+        names = ", ".join(_denial_text(d) for d in denials[:5])
+        more = f" and {len(denials) - 5} more" if len(denials) > 5 else ""
+        outcome.notes.append(
+            f"Claude Code was refused {len(denials)} tool call(s) its permission mode does not "
+            f"allow: {names}{more}."
+        )
+    turns = result.get("num_turns")
+    session = _text(result.get("session_id"))
+    if session or _is_number(turns):
+        outcome.notes.append(
+            f"Claude Code session {session or '(unknown)'}"
+            + (f": {turns} turn{'' if turns == 1 else 's'}." if _is_number(turns) else ".")
+        )
+    return outcome
+
+
+def result_error(result: Mapping[str, Any]) -> str:
+    """Why Claude says it failed: its errors and result text, with the subtype when it adds one."""
+    parts = [_text(error).strip() for error in result.get("errors") or []]
+    text = _text(result.get("result")).strip()
+    parts = [part for part in dict.fromkeys([text, *parts]) if part]
+    message = "\n".join(parts)
+    subtype = _text(result.get("subtype"))
+    if subtype and subtype != "success" and subtype not in message:
+        message = f"{message} ({subtype})" if message else f"Claude Code stopped: {subtype}."
+    return message or "Claude Code reported an error."
+
+
+def claude_usage(raw: object) -> TokenUsage:
+    """Anthropic usage as disjoint kinds; cache writes split 5m/1h when Claude says so."""
+    if raw is None:
+        return TokenUsage()
+    if not isinstance(raw, Mapping):
+        raise ValueError("usage is not an object")
+    written = _count(raw, "cache_creation_input_tokens")
+    write_5m, write_1h = written, 0
+    split = raw.get("cache_creation")
+    if isinstance(split, Mapping):
+        write_5m = _count(split, "ephemeral_5m_input_tokens")
+        write_1h = _count(split, "ephemeral_1h_input_tokens")
+        # Whatever the split does not explain is priced as the default 5-minute write.
+        write_5m += max(0, written - write_5m - write_1h)
+    return TokenUsage(
+        input_tokens=_count(raw, "input_tokens"),
+        output_tokens=_count(raw, "output_tokens"),
+        cache_read_tokens=_count(raw, "cache_read_input_tokens"),
+        cache_write_5m_tokens=write_5m,
+        cache_write_1h_tokens=write_1h,
+    )
+
+
+def _usage_beyond(usage: TokenUsage, model_usage: object) -> TokenUsage:
+    """Tokens modelUsage counts that `usage` does not (sub-agents: Claude's `usage` is the
+    main conversation's only, while modelUsage and total_cost_usd cover everything)."""
+    if not isinstance(model_usage, Mapping):
+        return TokenUsage()
+    totals = dict.fromkeys(
+        ("inputTokens", "outputTokens", "cacheReadInputTokens", "cacheCreationInputTokens"), 0
+    )
+    for per_model in model_usage.values():
+        if not isinstance(per_model, Mapping):
+            return TokenUsage()
+        for key in totals:
+            value = per_model.get(key, 0)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                return TokenUsage()
+            totals[key] += value
+    written = usage.cache_write_5m_tokens + usage.cache_write_1h_tokens
+    return TokenUsage(
+        input_tokens=max(0, totals["inputTokens"] - usage.input_tokens),
+        output_tokens=max(0, totals["outputTokens"] - usage.output_tokens),
+        cache_read_tokens=max(0, totals["cacheReadInputTokens"] - usage.cache_read_tokens),
+        cache_write_5m_tokens=max(0, totals["cacheCreationInputTokens"] - written),
+    )
+
+
+def _reported_cost(result: Mapping[str, Any]) -> Decimal | None:
+    """Claude's own cost: total_cost_usd, else the sum of modelUsage's costUSD."""
+    total = result.get("total_cost_usd")
+    if _is_number(total) and total >= 0:
+        return Decimal(str(total))
+    model_usage = result.get("modelUsage")
+    if isinstance(model_usage, Mapping) and model_usage:
+        costs = [
+            per_model.get("costUSD") if isinstance(per_model, Mapping) else None
+            for per_model in model_usage.values()
+        ]
+        if all(_is_number(cost) and cost >= 0 for cost in costs):
+            return sum((Decimal(str(cost)) for cost in costs), Decimal(0))
+    return None
+
+
+def find_transcript(home: Path, session_id: str) -> Path | None:
+    """The session's transcript under the run's own HOME, if Claude wrote one.
+
+    Without a session id (Claude stopped before saying it) the only transcript there
+    is taken: the HOME belongs to this run alone.
+    """
+    projects = home / CONFIG_DIR / "projects"
+    if session_id and ("/" in session_id or session_id.startswith(".")):
+        return None
+    try:
+        found = sorted(projects.glob(f"*/{session_id or '*'}.jsonl"))
+    except OSError:
+        return None
+    return found[0] if len(found) == 1 else None
+
+
+# --- the log, readable --------------------------------------------------------------------
+
+
+def render_events(text: str) -> str:
+    """Claude's stream-json events (with stderr lines between) as lines a person reads.
+
+    `text` may start in the middle of a line (a broken first line is skipped) and end
+    in one (a JSON line still being written is skipped).
+    """
+    lines = text.split("\n")
+    if lines and _is_fragment(lines[0]):
+        lines = lines[1:]
+    renderer = _Renderer()
+    for index, line in enumerate(lines):
+        if not line.strip():
+            continue
+        event = _json_event(line)
+        if event is not None:
+            renderer.event(event)
+        elif line.lstrip().startswith("{") and index == len(lines) - 1:
+            continue  # still being written
+        else:
+            renderer.emit(line)
+    return "\n".join(renderer.lines)
+
+
+@dataclass
+class _Renderer:
+    lines: list[str] = field(default_factory=list)
+    cwd: str = ""
+
+    def emit(self, line: str, indent: str = "") -> None:
+        for part in plain_text(line).split("\n"):
+            part = (indent + part).rstrip()
+            if len(part) > LINE_CHARS:
+                part = part[: LINE_CHARS - 1] + "…"
+            self.lines.append(part)
+
+    def event(self, event: Mapping[str, Any]) -> None:
+        kind = event.get("type")
+        # A sub-agent's messages are indented under the tool call that started it.
+        indent = "  " if event.get("parent_tool_use_id") else ""
+        if kind == "system":
+            self.system(event)
+        elif kind == "assistant":
+            message = event.get("message")
+            if isinstance(message, Mapping):
+                self.assistant(message, indent, error=bool(event.get("error")))
+        elif kind == "user":
+            message = event.get("message")
+            if isinstance(message, Mapping):
+                self.tool_results(message, indent)
+        elif kind == "result":
+            self.result(event)
+        # stream_event, rate limits and newer event types add nothing a reader needs.
+
+    def system(self, event: Mapping[str, Any]) -> None:
+        subtype = event.get("subtype")
+        if subtype == "init":
+            self.cwd = _text(event.get("cwd"))
+            version = _text(event.get("claude_code_version"))
+            self.emit(
+                f"Claude Code{' ' + version if version else ''} started: "
+                f"model {_text(event.get('model')) or '?'}, "
+                f"permission mode {_text(event.get('permissionMode')) or '?'}"
+            )
+        elif subtype == "api_retry":
+            status = event.get("error_status")
+            error = _text(event.get("error"))
+            what = " ".join(
+                part
+                for part in (
+                    str(status) if status is not None else "",
+                    f"({error})" if error else "",
+                )
+                if part
+            )
+            delay = event.get("retry_delay_ms")
+            wait = f" in {delay / 1000:.1f}s" if _is_number(delay) else ""
+            self.emit(
+                f"API error{' ' + what if what else ''}: retry {event.get('attempt', '?')}"
+                f"/{event.get('max_retries', '?')}{wait}"
+            )
+        elif subtype == "task_notification":
+            summary = _text(event.get("summary")) or "sub-agent"
+            self.emit(f"  {summary}: {_text(event.get('status')) or 'ended'}")
+        elif subtype == "compact_boundary":
+            self.emit("conversation compacted")
+
+    def assistant(self, message: Mapping[str, Any], indent: str, *, error: bool) -> None:
+        for block in message.get("content") or []:
+            if not isinstance(block, Mapping):
+                continue
+            block_type = block.get("type")
+            if block_type == "text":
+                label = "error" if error else "assistant"
+                self.emit(
+                    f"{label}: {_first_lines(_text(block.get('text')), MESSAGE_LINES)}", indent
+                )
+            elif block_type == "thinking":
+                self.emit(f"thinking: {_first_lines(_text(block.get('thinking')), 2)}", indent)
+            elif block_type == "tool_use":
+                self.emit(self.tool_call(block), indent)
+
+    def tool_call(self, block: Mapping[str, Any]) -> str:
+        name = _text(block.get("name")) or "tool"
+        arguments = block.get("input")
+        arguments = arguments if isinstance(arguments, Mapping) else {}
+        if name == "Bash":
+            return f"Bash: {_first_lines(_text(arguments.get('command')), 3)}"
+        if name in _FILE_TOOLS:
+            return f"{name} {self.relative(_text(arguments.get(_FILE_TOOLS[name])))}"
+        if name in _ONE_ARGUMENT_TOOLS:
+            return f"{name}: {_first_lines(_text(arguments.get(_ONE_ARGUMENT_TOOLS[name])), 1)}"
+        if name == "TodoWrite":
+            todos = arguments.get("todos")
+            return f"TodoWrite: {len(todos) if isinstance(todos, list) else 0} items"
+        shown = json.dumps(arguments, ensure_ascii=False, separators=(",", ":"))
+        return f"{name} {shown}" if arguments else name
+
+    def relative(self, path: str) -> str:
+        if self.cwd and path.startswith(self.cwd.rstrip("/") + "/"):
+            return path[len(self.cwd.rstrip("/")) + 1 :]
+        return path
+
+    def tool_results(self, message: Mapping[str, Any], indent: str) -> None:
+        content = message.get("content")
+        if not isinstance(content, list):
+            return  # a prompt (a sub-agent's): its tool call already said what it is
+        for block in content:
+            if not isinstance(block, Mapping) or block.get("type") != "tool_result":
+                continue
+            label = "tool error" if block.get("is_error") is True else "tool result"
+            output = plain_text(_result_text(block.get("content"))).strip("\n")
+            lines = output.split("\n") if output else ["(no output)"]
+            self.emit(f"{label}: {lines[0]}", indent)
+            for line in lines[1:OUTPUT_LINES]:
+                self.emit(f"  {line}", indent)
+            if len(lines) > OUTPUT_LINES:
+                self.emit(f"  … {len(lines) - OUTPUT_LINES} more lines", indent)
+
+    def result(self, event: Mapping[str, Any]) -> None:
+        subtype = _text(event.get("subtype")) or "ended"
+        failed = event.get("is_error") is True
+        if failed and subtype == "success":
+            subtype = "error"
+        parts = [subtype]
+        turns = event.get("num_turns")
+        if _is_number(turns):
+            parts.append(f"{turns} turn{'' if turns == 1 else 's'}")
+        cost = event.get("total_cost_usd")
+        if _is_number(cost):
+            parts.append(_usd(cost))
+        line = "result: " + ", ".join(parts)
+        if failed:
+            line += f": {_first_lines(result_error(event), 3)}"
+        self.emit(line)
+
+
+# --- helpers ---------------------------------------------------------------------------
+
+
+def _events(lines: Iterator[str]) -> Iterator[dict[str, Any]]:
+    for line in lines:
+        event = _json_event(line)
+        if event is not None:
+            yield event
+
+
+def _json_event(line: str) -> dict[str, Any] | None:
+    line = line.strip()
+    if not line.startswith("{"):
+        return None
+    try:
+        event = json.loads(line)
+    except ValueError:
+        return None
+    return event if isinstance(event, dict) and isinstance(event.get("type"), str) else None
+
+
+def _is_fragment(line: str) -> bool:
+    """A first line that is the end of a JSON event cut off at its start."""
+    stripped = line.strip()
+    if not stripped or stripped.startswith("{"):
+        return False
+    return stripped.endswith("}") or '":' in stripped
+
+
+def _result_text(content: object) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = [
+            _text(block.get("text"))
+            for block in content
+            if isinstance(block, Mapping) and block.get("type") == "text"
+        ]
+        return "\n".join(text for text in texts if text)
+    return ""
+
+
+def _denial_text(denial: Mapping[str, Any]) -> str:
+    name = _text(denial.get("tool_name")) or "tool"
+    arguments = denial.get("tool_input")
+    if isinstance(arguments, Mapping) and name == "Bash":
+        command = _first_lines(_text(arguments.get("command")), 1)
+        return f"{name} ({command[:100]})" if command else name
+    if isinstance(arguments, Mapping) and name in _FILE_TOOLS:
+        return f"{name} {_text(arguments.get(_FILE_TOOLS[name]))}"
+    return name
+
+
+def _first_lines(text: str, count: int) -> str:
+    lines = text.strip().split("\n")
+    shown = "\n  ".join(lines[:count])
+    return shown + (f"\n  … {len(lines) - count} more lines" if len(lines) > count else "")
+
+
+def _readable_tail(rendered: str) -> str:
+    lines = [line for line in rendered.split("\n") if line.strip()]
+    return "\n".join(lines[-ERROR_LINES:])[-ERROR_CHARS:]
+
+
+def _usd(value: float) -> str:
+    """$0.0123, $0.000621, $1.5000: four decimals, six when the cents need them."""
+    text = f"{value:.6f}"
+    whole, _, fraction = text.partition(".")
+    return f"${whole}.{fraction.rstrip('0').ljust(4, '0')}"
+
+
+def _count(container: Mapping[str, Any], key: str) -> int:
+    value = container.get(key)
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{key} is not a number")
+    if isinstance(value, float) and not value.is_integer():
+        raise ValueError(f"{key} is not a whole number")
+    if value < 0:
+        raise ValueError(f"{key} is negative")
+    return int(value)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _text(value: object) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def _check_seed_target(target: object) -> None:
+    if not isinstance(target, str) or not target.strip():
+        raise ValueError("'seed_files': each key is a path inside the run's HOME")
+    path = PurePosixPath(target)
+    if path.is_absolute() or ".." in path.parts or target.startswith("~"):
+        raise ValueError(
+            f"'seed_files': {target!r} must be a relative path inside the run's HOME "
+            "(the source path is the value)"
+        )
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    """Write a file only the owner reads (credentials, settings)."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(descriptor, 0o600)
+    with os.fdopen(descriptor, "wb") as handle:
+        handle.write(data)
