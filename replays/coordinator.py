@@ -226,14 +226,15 @@ class _Member:
         wall_seconds = round(time.monotonic() - started, 3)
 
         if ending == "cancelled":
-            return _Result(RunStatus.CANCELLED, wall_seconds=wall_seconds)
+            return _Result(RunStatus.CANCELLED, wall_seconds=wall_seconds,
+                           outcome=self._partial_outcome(adapter, context))
 
         self._update(phase=RunPhase.COLLECTING)
         if ending == "timeout":
             result = _Result(
                 RunStatus.FAILED, FailureCode.TIMEOUT,
                 f"The agent did not finish within {_duration(self._timeout_seconds())}.",
-                wall_seconds=wall_seconds,
+                wall_seconds=wall_seconds, outcome=self._partial_outcome(adapter, context),
             )
         else:
             exit_code = int(ending)
@@ -254,6 +255,17 @@ class _Member:
                 result.failure_message = outcome.error or "The agent reported an error."
         self._collect_diff(result, baseline)
         return result
+
+    def _partial_outcome(self, adapter: Agent, context: RunContext) -> AgentOutcome:
+        """What a stopped agent used before it was stopped (its tokens were spent anyway);
+        only usage, cost and model time count, the stopped run keeps its own status."""
+        try:
+            outcome = adapter.outcome(context, exit_code=-1)
+        except Exception as exc:  # a half-written log must not hide why the run stopped
+            self._note([f"Usage of the stopped agent could not be read: {_describe(exc)}"])
+            return AgentOutcome()
+        return AgentOutcome(usage=outcome.usage, cost_usd=outcome.cost_usd,
+                            model_seconds=outcome.model_seconds)
 
     def _write_run_folder(self) -> None:
         self.run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
