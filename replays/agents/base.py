@@ -10,6 +10,7 @@ agent: spawn, heartbeat, timeout, cancel, diff.
 from __future__ import annotations
 
 import functools
+import json
 import os
 import re
 import shutil
@@ -19,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 from replays.transcripts.base import TokenUsage
 
@@ -204,3 +205,66 @@ def _version_of(path: str, stamp: float) -> str:
         return ""
     lines = (completed.stdout or completed.stderr).strip().splitlines()
     return plain_text(lines[0])[:100] if completed.returncode == 0 and lines else ""
+
+
+def json_event(line: str) -> dict[str, Any] | None:
+    """One line of an agent's JSON event stream, or None for anything else (stderr text)."""
+    line = line.strip()
+    if not line.startswith("{"):
+        return None
+    try:
+        event = json.loads(line)
+    except ValueError:
+        return None
+    return event if isinstance(event, dict) and isinstance(event.get("type"), str) else None
+
+
+def is_cut_line(line: str) -> bool:
+    """A log tail's first line that is the end of a JSON event cut off at its start."""
+    stripped = line.strip()
+    if not stripped or stripped.startswith("{"):
+        return False
+    return stripped.endswith("}") or '":' in stripped
+
+
+class EventRenderer(Protocol):
+    lines: list[str]
+
+    def event(self, event: dict[str, Any]) -> None: ...
+
+    def emit(self, line: str) -> None: ...
+
+
+def render_event_stream(text: str, renderer: EventRenderer) -> str:
+    """A log tail of JSON events with stderr lines between, as the renderer writes it.
+
+    `text` may start in the middle of a line (a broken first line is skipped) and end in
+    one (a JSON line still being written is skipped); other text lines pass through.
+    """
+    lines = text.split("\n")
+    if lines and is_cut_line(lines[0]):
+        lines = lines[1:]
+    for index, line in enumerate(lines):
+        if not line.strip():
+            continue
+        event = json_event(line)
+        if event is not None:
+            renderer.event(event)
+        elif line.lstrip().startswith("{") and index == len(lines) - 1:
+            continue  # still being written
+        else:
+            renderer.emit(line)
+    return "\n".join(renderer.lines)
+
+
+def first_lines(text: str, count: int) -> str:
+    """The first `count` lines of a tool's output, indented, with how many were left out."""
+    lines = text.strip().split("\n")
+    shown = "\n  ".join(lines[:count])
+    return shown + (f"\n  … {len(lines) - count} more lines" if len(lines) > count else "")
+
+
+def readable_tail(rendered: str) -> str:
+    """The last lines of a rendered log, for an error message."""
+    lines = [line for line in rendered.split("\n") if line.strip()]
+    return "\n".join(lines[-ERROR_LINES:])[-ERROR_CHARS:]

@@ -42,20 +42,22 @@ from django.conf import settings
 
 from replays import pricing
 from replays.agents.base import (
-    ERROR_CHARS,
-    ERROR_LINES,
     AgentOutcome,
     AgentSetupError,
     ConfiguredAgent,
     Invocation,
     RunContext,
+    first_lines,
+    json_event,
     plain_text,
     program_unavailable_reason,
     program_version,
     read_tail,
+    readable_tail,
+    render_event_stream,
 )
 from replays.transcripts.base import TokenUsage, TranscriptError
-from replays.transcripts.claude_code import parse_claude_code
+from replays.transcripts.claude_code import anthropic_usage, parse_claude_code
 
 DEFAULT_BINARY = "claude"
 DEFAULT_PERMISSION_MODE = "acceptEdits"
@@ -291,13 +293,13 @@ class ClaudeCodeAgent(ConfiguredAgent):
             return self._outcome_without_result(context, summary)
         outcome = result_outcome(summary.result, model=self.model)
         if exit_code != 0 and not outcome.error:
-            outcome.error = _readable_tail(self.render_log(read_tail(context.log_path)))
+            outcome.error = readable_tail(self.render_log(read_tail(context.log_path)))
         return outcome
 
     def _outcome_without_result(self, context: RunContext, summary: StreamSummary) -> AgentOutcome:
         """Claude ended without its result line (a crash, a bad flag): failed, usage from
         the session transcript when there is one."""
-        tail = _readable_tail(self.render_log(read_tail(context.log_path)))
+        tail = readable_tail(self.render_log(read_tail(context.log_path)))
         outcome = AgentOutcome(
             failed=True,
             error="Claude Code ended without a result." + (f"\n{tail}" if tail else ""),
@@ -352,7 +354,7 @@ def result_outcome(result: Mapping[str, Any], *, model: str) -> AgentOutcome:
     and whether Claude itself reported an error (is_error, whatever the subtype)."""
     outcome = AgentOutcome(final_message=_text(result.get("result")))
     try:
-        outcome.usage = claude_usage(result.get("usage"))
+        outcome.usage = anthropic_usage(result.get("usage"))
     except ValueError as exc:
         outcome.notes.append(f"Claude Code's usage was ignored: {exc}")
     extra = _usage_beyond(outcome.usage, result.get("modelUsage"))
@@ -400,29 +402,6 @@ def result_error(result: Mapping[str, Any]) -> str:
     if subtype and subtype != "success" and subtype not in message:
         message = f"{message} ({subtype})" if message else f"Claude Code stopped: {subtype}."
     return message or "Claude Code reported an error."
-
-
-def claude_usage(raw: object) -> TokenUsage:
-    """Anthropic usage as disjoint kinds; cache writes split 5m/1h when Claude says so."""
-    if raw is None:
-        return TokenUsage()
-    if not isinstance(raw, Mapping):
-        raise ValueError("usage is not an object")
-    written = _count(raw, "cache_creation_input_tokens")
-    write_5m, write_1h = written, 0
-    split = raw.get("cache_creation")
-    if isinstance(split, Mapping):
-        write_5m = _count(split, "ephemeral_5m_input_tokens")
-        write_1h = _count(split, "ephemeral_1h_input_tokens")
-        # Whatever the split does not explain is priced as the default 5-minute write.
-        write_5m += max(0, written - write_5m - write_1h)
-    return TokenUsage(
-        input_tokens=_count(raw, "input_tokens"),
-        output_tokens=_count(raw, "output_tokens"),
-        cache_read_tokens=_count(raw, "cache_read_input_tokens"),
-        cache_write_5m_tokens=write_5m,
-        cache_write_1h_tokens=write_1h,
-    )
 
 
 def _usage_beyond(usage: TokenUsage, model_usage: object) -> TokenUsage:
@@ -491,21 +470,7 @@ def render_events(text: str) -> str:
     `text` may start in the middle of a line (a broken first line is skipped) and end
     in one (a JSON line still being written is skipped).
     """
-    lines = text.split("\n")
-    if lines and _is_fragment(lines[0]):
-        lines = lines[1:]
-    renderer = _Renderer()
-    for index, line in enumerate(lines):
-        if not line.strip():
-            continue
-        event = _json_event(line)
-        if event is not None:
-            renderer.event(event)
-        elif line.lstrip().startswith("{") and index == len(lines) - 1:
-            continue  # still being written
-        else:
-            renderer.emit(line)
-    return "\n".join(renderer.lines)
+    return render_event_stream(text, _Renderer())
 
 
 @dataclass
@@ -579,10 +544,10 @@ class _Renderer:
             if block_type == "text":
                 label = "error" if error else "assistant"
                 self.emit(
-                    f"{label}: {_first_lines(_text(block.get('text')), MESSAGE_LINES)}", indent
+                    f"{label}: {first_lines(_text(block.get('text')), MESSAGE_LINES)}", indent
                 )
             elif block_type == "thinking":
-                self.emit(f"thinking: {_first_lines(_text(block.get('thinking')), 2)}", indent)
+                self.emit(f"thinking: {first_lines(_text(block.get('thinking')), 2)}", indent)
             elif block_type == "tool_use":
                 self.emit(self.tool_call(block), indent)
 
@@ -591,11 +556,11 @@ class _Renderer:
         arguments = block.get("input")
         arguments = arguments if isinstance(arguments, Mapping) else {}
         if name == "Bash":
-            return f"Bash: {_first_lines(_text(arguments.get('command')), 3)}"
+            return f"Bash: {first_lines(_text(arguments.get('command')), 3)}"
         if name in _FILE_TOOLS:
             return f"{name} {self.relative(_text(arguments.get(_FILE_TOOLS[name])))}"
         if name in _ONE_ARGUMENT_TOOLS:
-            return f"{name}: {_first_lines(_text(arguments.get(_ONE_ARGUMENT_TOOLS[name])), 1)}"
+            return f"{name}: {first_lines(_text(arguments.get(_ONE_ARGUMENT_TOOLS[name])), 1)}"
         if name == "TodoWrite":
             todos = arguments.get("todos")
             return f"TodoWrite: {len(todos) if isinstance(todos, list) else 0} items"
@@ -637,7 +602,7 @@ class _Renderer:
             parts.append(_usd(cost))
         line = "result: " + ", ".join(parts)
         if failed:
-            line += f": {_first_lines(result_error(event), 3)}"
+            line += f": {first_lines(result_error(event), 3)}"
         self.emit(line)
 
 
@@ -646,28 +611,9 @@ class _Renderer:
 
 def _events(lines: Iterator[str]) -> Iterator[dict[str, Any]]:
     for line in lines:
-        event = _json_event(line)
+        event = json_event(line)
         if event is not None:
             yield event
-
-
-def _json_event(line: str) -> dict[str, Any] | None:
-    line = line.strip()
-    if not line.startswith("{"):
-        return None
-    try:
-        event = json.loads(line)
-    except ValueError:
-        return None
-    return event if isinstance(event, dict) and isinstance(event.get("type"), str) else None
-
-
-def _is_fragment(line: str) -> bool:
-    """A first line that is the end of a JSON event cut off at its start."""
-    stripped = line.strip()
-    if not stripped or stripped.startswith("{"):
-        return False
-    return stripped.endswith("}") or '":' in stripped
 
 
 def _result_text(content: object) -> str:
@@ -687,22 +633,11 @@ def _denial_text(denial: Mapping[str, Any]) -> str:
     name = _text(denial.get("tool_name")) or "tool"
     arguments = denial.get("tool_input")
     if isinstance(arguments, Mapping) and name == "Bash":
-        command = _first_lines(_text(arguments.get("command")), 1)
+        command = first_lines(_text(arguments.get("command")), 1)
         return f"{name} ({command[:100]})" if command else name
     if isinstance(arguments, Mapping) and name in _FILE_TOOLS:
         return f"{name} {_text(arguments.get(_FILE_TOOLS[name]))}"
     return name
-
-
-def _first_lines(text: str, count: int) -> str:
-    lines = text.strip().split("\n")
-    shown = "\n  ".join(lines[:count])
-    return shown + (f"\n  … {len(lines) - count} more lines" if len(lines) > count else "")
-
-
-def _readable_tail(rendered: str) -> str:
-    lines = [line for line in rendered.split("\n") if line.strip()]
-    return "\n".join(lines[-ERROR_LINES:])[-ERROR_CHARS:]
 
 
 def _usd(value: float) -> str:
@@ -710,19 +645,6 @@ def _usd(value: float) -> str:
     text = f"{value:.6f}"
     whole, _, fraction = text.partition(".")
     return f"${whole}.{fraction.rstrip('0').ljust(4, '0')}"
-
-
-def _count(container: Mapping[str, Any], key: str) -> int:
-    value = container.get(key)
-    if value is None:
-        return 0
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{key} is not a number")
-    if isinstance(value, float) and not value.is_integer():
-        raise ValueError(f"{key} is not a whole number")
-    if value < 0:
-        raise ValueError(f"{key} is negative")
-    return int(value)
 
 
 def _is_number(value: object) -> bool:

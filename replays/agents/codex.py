@@ -32,17 +32,19 @@ from django.conf import settings
 
 from replays import pricing
 from replays.agents.base import (
-    ERROR_CHARS,
-    ERROR_LINES,
     AgentOutcome,
     AgentSetupError,
     ConfiguredAgent,
     Invocation,
     RunContext,
+    first_lines,
+    json_event,
     plain_text,
     program_unavailable_reason,
     program_version,
     read_tail,
+    readable_tail,
+    render_event_stream,
 )
 from replays.transcripts.base import TokenUsage
 
@@ -210,7 +212,7 @@ class CodexAgent(ConfiguredAgent):
         try:
             with context.log_path.open(encoding="utf-8", errors="replace") as log:
                 for line in log:
-                    event = _json_event(line)
+                    event = json_event(line)
                     if event is not None:
                         events.add(event)
         except OSError as exc:
@@ -229,7 +231,7 @@ class CodexAgent(ConfiguredAgent):
         outcome.failed = bool(events.failure)
         outcome.error = events.failure
         if exit_code != 0 and not outcome.error:
-            outcome.error = events.last_retry or _readable_tail(
+            outcome.error = events.last_retry or readable_tail(
                 self.render_log(read_tail(context.log_path))
             )
         return outcome
@@ -289,21 +291,7 @@ def render_events(text: str) -> str:
     `text` may start in the middle of a line (a broken first line is skipped) and
     end in one (a JSON line still being written is skipped).
     """
-    lines = text.split("\n")
-    if lines and _is_fragment(lines[0]):
-        lines = lines[1:]
-    renderer = _Renderer()
-    for index, line in enumerate(lines):
-        if not line.strip():
-            continue
-        event = _json_event(line)
-        if event is not None:
-            renderer.event(event)
-        elif line.lstrip().startswith("{") and index == len(lines) - 1:
-            continue  # still being written
-        else:
-            renderer.emit(line)
-    return "\n".join(renderer.lines)
+    return render_event_stream(text, _Renderer())
 
 
 class _Renderer:
@@ -354,22 +342,22 @@ class _Renderer:
         if item_type == "command_execution":
             command = _command_text(item.get("command"))
             if kind == "item.started":
-                self.emit(f"$ {_first_lines(command, 3)}")
+                self.emit(f"$ {first_lines(command, 3)}")
                 self.last_command = item_id
             elif done:
                 if not item_id or self.last_command != item_id:
-                    self.emit(f"$ {_first_lines(command, 3)}")
+                    self.emit(f"$ {first_lines(command, 3)}")
                 self.command_result(item)
         elif not done:
             if item_type == "todo_list" and kind == "item.started":
                 self.todo_list(item)
             return  # the rest is shown once, when complete
         elif item_type == "agent_message":
-            self.emit(f"assistant: {_first_lines(_text(item.get('text')), MESSAGE_LINES)}")
+            self.emit(f"assistant: {first_lines(_text(item.get('text')), MESSAGE_LINES)}")
         elif item_type == "reasoning":
-            self.emit(f"thinking: {_first_lines(_text(item.get('text')), 2)}")
+            self.emit(f"thinking: {first_lines(_text(item.get('text')), 2)}")
         elif item_type == "plan":
-            self.emit(f"plan: {_first_lines(_text(item.get('text')), MESSAGE_LINES)}")
+            self.emit(f"plan: {first_lines(_text(item.get('text')), MESSAGE_LINES)}")
         elif item_type == "file_change":
             failed = item.get("status") == "failed"
             for change in item.get("changes") or []:
@@ -442,25 +430,6 @@ def readable_error(message: str) -> str:
     return message
 
 
-def _json_event(line: str) -> dict[str, Any] | None:
-    line = line.strip()
-    if not line.startswith("{"):
-        return None
-    try:
-        event = json.loads(line)
-    except ValueError:
-        return None
-    return event if isinstance(event, dict) and isinstance(event.get("type"), str) else None
-
-
-def _is_fragment(line: str) -> bool:
-    """A first line that is the end of a JSON event cut off at its start."""
-    stripped = line.strip()
-    if not stripped or stripped.startswith("{"):
-        return False
-    return stripped.endswith("}") or '":' in stripped
-
-
 def _item_type(item: Mapping[str, Any]) -> str:
     # Older builds wrote `item_type` and called the agent's message `assistant_message`.
     kind = _text(item.get("type") or item.get("item_type"))
@@ -503,17 +472,6 @@ def _command_text(command: object) -> str:
     if len(parts) == 3 and Path(parts[0]).name in _SHELLS and parts[1] in ("-c", "-lc"):
         return parts[2]
     return text
-
-
-def _first_lines(text: str, count: int) -> str:
-    lines = text.strip().split("\n")
-    shown = "\n  ".join(lines[:count])
-    return shown + (f"\n  … {len(lines) - count} more lines" if len(lines) > count else "")
-
-
-def _readable_tail(rendered: str) -> str:
-    lines = [line for line in rendered.split("\n") if line.strip()]
-    return "\n".join(lines[-ERROR_LINES:])[-ERROR_CHARS:]
 
 
 def _text(value: object) -> str:

@@ -442,7 +442,7 @@ def _read_assistant(
         return
     if not isinstance(model, str) or not model:
         model = "unknown"
-    usage = _usage(message.get("usage"))
+    usage = anthropic_usage(message.get("usage"), where="message.usage")
     cost = _cost(value.get("costUSD"))
 
     if from_subagent:
@@ -478,11 +478,13 @@ def _read_assistant(
         response.cost_usd = cost if response.cost_usd is None else max(response.cost_usd, cost)
 
 
-def _usage(raw: object) -> TokenUsage:
+def anthropic_usage(raw: object, *, where: str = "usage") -> TokenUsage:
+    """Anthropic usage as disjoint kinds; cache writes split 5m/1h where the API says so.
+    ValueError (naming `where`) when it is not a usage object."""
     if raw is None:
         return TokenUsage()
     if not isinstance(raw, dict):
-        raise ValueError("message.usage is not an object")
+        raise ValueError(f"{where} is not an object")
     cache_write = token_count(raw, "cache_creation_input_tokens")
     write_5m, write_1h = cache_write, 0
     split = raw.get("cache_creation")
