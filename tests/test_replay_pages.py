@@ -195,6 +195,18 @@ def test_unavailable_models_are_disabled_with_their_reason(
     assert "Unavailable:" in page and "/nonexistent/aider" in page
 
 
+def test_installed_agents_show_their_version(
+    logged_in_client: Any, make_thread: Callable[..., Thread], settings: Any, tmp_path: Path
+) -> None:
+    # A stand-in for the codex binary that only answers --version.
+    agent = tmp_path / "codex"
+    agent.write_text("#!/bin/sh\necho 'codex-cli 9.8.7'\n")
+    agent.chmod(0o755)
+    settings.REPLAYS_AGENTS = {"codex": {"kind": "codex", "binary": str(agent), "models": ["m1"]}}
+    page = logged_in_client.get(make_thread().get_absolute_url()).content.decode()
+    assert 'value="codex:m1"' in page and "codex-cli 9.8.7" in page
+
+
 def test_preparing_from_the_thread_page_lands_on_a_ready_plan_with_the_prompt(
     logged_in_client: Any, real_threads: dict[str, Thread], sample_repo: Path
 ) -> None:
