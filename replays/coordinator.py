@@ -185,8 +185,9 @@ class _Member:
         except agents.UnknownModel as exc:
             raise AgentSetupError(str(exc)) from None
         if not info.available:
-            raise AgentSetupError(f"The agent for {info.id} cannot run on this machine: "
-                                  f"{info.reason}")
+            raise AgentSetupError(
+                f"The agent for {info.id} cannot run on this machine: {info.reason}"
+            )
         adapter = agents.adapter_for(info.id)
         self.adapter = adapter
         self._write_run_folder()
@@ -214,7 +215,10 @@ class _Member:
         env = _agent_environment(invocation.env, run_id=self.run.pk)
         started = time.monotonic()
         self.agent, self.agent_identity = processes.spawn(
-            invocation.argv, cwd=self.workspace, env=env, log_path=self.log_path,
+            invocation.argv,
+            cwd=self.workspace,
+            env=env,
+            log_path=self.log_path,
             stdin_path=invocation.stdin_path,
         )
         # Recorded at once: a reconcile after a lost coordinator kills this tree.
@@ -224,30 +228,40 @@ class _Member:
         )
         ending = self._wait_for_agent(started)
         wall_seconds = round(time.monotonic() - started, 3)
+        try:
+            adapter.cleanup(context)
+        except OSError as exc:
+            self._note([f"Could not remove the agent's copied files: {_describe(exc)}"])
 
         if ending == "cancelled":
-            return _Result(RunStatus.CANCELLED, wall_seconds=wall_seconds,
-                           outcome=self._partial_outcome(adapter, context))
+            return _Result(
+                RunStatus.CANCELLED,
+                wall_seconds=wall_seconds,
+                outcome=self._partial_outcome(adapter, context),
+            )
 
         self._update(phase=RunPhase.COLLECTING)
         if ending == "timeout":
             result = _Result(
-                RunStatus.FAILED, FailureCode.TIMEOUT,
+                RunStatus.FAILED,
+                FailureCode.TIMEOUT,
                 f"The agent did not finish within {_duration(self._timeout_seconds())}.",
-                wall_seconds=wall_seconds, outcome=self._partial_outcome(adapter, context),
+                wall_seconds=wall_seconds,
+                outcome=self._partial_outcome(adapter, context),
             )
         else:
             exit_code = int(ending)
             outcome = adapter.outcome(context, exit_code=exit_code)
             self._note(outcome.notes)
-            result = _Result(RunStatus.COMPLETED, exit_code=exit_code,
-                             wall_seconds=wall_seconds, outcome=outcome)
+            result = _Result(
+                RunStatus.COMPLETED, exit_code=exit_code, wall_seconds=wall_seconds, outcome=outcome
+            )
             if exit_code != 0:
                 result.status = RunStatus.FAILED
                 result.failure_code = FailureCode.AGENT_ERROR
                 words = outcome.error or error_from_log(self.log_path)
-                result.failure_message = (
-                    f"The agent exited with code {exit_code}" + (f":\n{words}" if words else ".")
+                result.failure_message = f"The agent exited with code {exit_code}" + (
+                    f":\n{words}" if words else "."
                 )
             elif outcome.failed:
                 result.status = RunStatus.FAILED
@@ -264,15 +278,18 @@ class _Member:
         except Exception as exc:  # a half-written log must not hide why the run stopped
             self._note([f"Usage of the stopped agent could not be read: {_describe(exc)}"])
             return AgentOutcome()
-        return AgentOutcome(usage=outcome.usage, cost_usd=outcome.cost_usd,
-                            model_seconds=outcome.model_seconds)
+        return AgentOutcome(
+            usage=outcome.usage, cost_usd=outcome.cost_usd, model_seconds=outcome.model_seconds
+        )
 
     def _write_run_folder(self) -> None:
         self.run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         configuration = {**self.configuration, "run_id": self.run.pk}
         # Both hold the request, which may quote private code or logs: owner only.
-        _write_private(self.run_dir / CONFIGURATION_FILE,
-                       json.dumps(configuration, indent=2, ensure_ascii=False) + "\n")
+        _write_private(
+            self.run_dir / CONFIGURATION_FILE,
+            json.dumps(configuration, indent=2, ensure_ascii=False) + "\n",
+        )
         _write_private(self.run_dir / REQUEST_FILE, str(self.configuration.get("request", "")))
 
     def _wait_for_agent(self, started: float) -> str:
@@ -374,11 +391,13 @@ class _Member:
                     raise
                 time.sleep(attempt)
         if not written:
-            logger.warning("Run %s was finished elsewhere; its result was not written.",
-                           self.run.pk)
+            logger.warning(
+                "Run %s was finished elsewhere; its result was not written.", self.run.pk
+            )
         else:
-            logger.info("Run %s ended: %s %s", self.run.pk, result.status,
-                        result.failure_code or "")
+            logger.info(
+                "Run %s ended: %s %s", self.run.pk, result.status, result.failure_code or ""
+            )
 
     # --- helpers -------------------------------------------------------------------
 
@@ -395,8 +414,9 @@ class _Member:
     def _finish_agent(self) -> None:
         """The agent exited (still a zombie): stop what it left running in its group, reap it."""
         assert self.agent is not None and self.agent_identity is not None
-        processes.kill_tree(self.agent_identity.pid, self.agent_identity.create_time,
-                            grace_seconds=1.0)
+        processes.kill_tree(
+            self.agent_identity.pid, self.agent_identity.create_time, grace_seconds=1.0
+        )
         self.agent.poll()
         self.agent_finished = True
 
@@ -414,8 +434,9 @@ class _Member:
             with _heartbeat_in_background(self.run.pk):
                 repos.remove_worktree(self.repo, self.workspace)
         except Exception as exc:  # noqa: BLE001 - a leftover folder must not hide the result
-            logger.warning("Run %s: the workspace %s was not removed: %s",
-                           self.run.pk, self.workspace, exc)
+            logger.warning(
+                "Run %s: the workspace %s was not removed: %s", self.run.pk, self.workspace, exc
+            )
             self._note([f"The workspace could not be removed: {_describe(exc)}"])
 
     def _note(self, lines: list[str]) -> None:
@@ -434,11 +455,20 @@ class _Member:
 _HIDDEN_FROM_AGENTS = {
     # Ours: the agent runs commands a model chose; it gets no database or secret key, and
     # a Django project it works on must not pick up our settings module.
-    "DATABASE_URL", "REDIS_URL", "SECRET_KEY", "DJANGO_SETTINGS_MODULE",
+    "DATABASE_URL",
+    "REDIS_URL",
+    "SECRET_KEY",
+    "DJANGO_SETTINGS_MODULE",
     # Inherited from a git hook or shell, these would point the agent's git at another
     # repository than its worktree.
-    "GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_OBJECT_DIRECTORY",
-    "GIT_ALTERNATE_OBJECT_DIRECTORIES", "GIT_COMMON_DIR", "GIT_NAMESPACE", "GIT_PREFIX",
+    "GIT_DIR",
+    "GIT_WORK_TREE",
+    "GIT_INDEX_FILE",
+    "GIT_OBJECT_DIRECTORY",
+    "GIT_ALTERNATE_OBJECT_DIRECTORIES",
+    "GIT_COMMON_DIR",
+    "GIT_NAMESPACE",
+    "GIT_PREFIX",
 }
 
 
@@ -482,7 +512,8 @@ def _agent_environment(extra: dict[str, str], *, run_id: int) -> dict[str, str]:
     The agent runs commands a model chose: it gets no database URL or secret key.
     """
     env = {
-        key: value for key, value in os.environ.items()
+        key: value
+        for key, value in os.environ.items()
         if key not in _HIDDEN_FROM_AGENTS and not key.startswith("REPLAYS_")
     }
     env.update(extra)

@@ -547,6 +547,9 @@ def test_invocation_gives_the_request_on_stdin_and_an_own_home(tmp_path: Path) -
         ".claude",
         ".claude/.credentials.json",
     ]
+    # Once the agent has finished, the copied login is gone; the home stays with the run.
+    agent.cleanup(context)
+    assert not seeded.exists() and (home / ".claude").is_dir()
 
 
 def test_bypass_permissions_as_root_sets_is_sandbox(

@@ -358,6 +358,9 @@ def test_the_invocation_feeds_the_request_on_stdin_to_codex_exec_in_its_own_home
     assert (home / "auth.json").stat().st_mode & 0o777 == 0o600
     assert (home / "config.toml").read_text() == 'model_reasoning_effort = "high"\n'
     assert home.stat().st_mode & 0o777 == 0o700
+    # Once codex has finished, the copied login is gone; config.toml and the home stay.
+    codex.cleanup(context)
+    assert sorted(path.name for path in home.iterdir()) == ["config.toml"]
 
 
 def test_a_model_that_looks_like_an_option_is_refused(tmp_path: Path) -> None:

@@ -90,6 +90,9 @@ class Agent(ABC):
     def outcome(self, context: RunContext, *, exit_code: int) -> AgentOutcome:
         """Parse what the finished process left behind (log, files in the run folder)."""
 
+    def cleanup(self, context: RunContext) -> None:  # noqa: B027 (most agents copy nothing)
+        """Remove what must not outlive the agent's process (copied credentials)."""
+
     def render_log(self, text: str) -> str:
         """The agent's output made readable for the run's log tail (JSON event streams
         become lines a person reads). `text` may start in the middle of a line."""
@@ -268,3 +271,10 @@ def readable_tail(rendered: str) -> str:
     """The last lines of a rendered log, for an error message."""
     lines = [line for line in rendered.split("\n") if line.strip()]
     return "\n".join(lines[-ERROR_LINES:])[-ERROR_CHARS:]
+
+
+def remove_seed_files(home: Path, seed_files: Mapping[str, str]) -> None:
+    """Delete the copies of the user's files (logins, keys) from a finished run's home;
+    what the agent wrote there itself (its session file) stays with the run."""
+    for target in seed_files:
+        (home / target).unlink(missing_ok=True)

@@ -54,6 +54,7 @@ from replays.agents.base import (
     program_version,
     read_tail,
     readable_tail,
+    remove_seed_files,
     render_event_stream,
 )
 from replays.transcripts.base import TokenUsage, TranscriptError
@@ -254,6 +255,9 @@ class ClaudeCodeAgent(ConfiguredAgent):
             self.permission_mode == "bypassPermissions"
             or "--dangerously-skip-permissions" in self.args
         )
+
+    def cleanup(self, context: RunContext) -> None:
+        remove_seed_files(context.run_dir / HOME_DIR, self.seed_files)
 
     def prepare_home(self, run_dir: Path) -> Path:
         """The run's own HOME, holding only the seed files."""

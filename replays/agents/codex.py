@@ -44,6 +44,7 @@ from replays.agents.base import (
     program_version,
     read_tail,
     readable_tail,
+    remove_seed_files,
     render_event_stream,
 )
 from replays.transcripts.base import TokenUsage
@@ -184,6 +185,9 @@ class CodexAgent(ConfiguredAgent):
             env={**self.env, "CODEX_HOME": str(home)},
             stdin_path=context.request_file,
         )
+
+    def cleanup(self, context: RunContext) -> None:
+        remove_seed_files(context.run_dir / CODEX_HOME_DIR, self.seed_files)
 
     def prepare_home(self, run_dir: Path) -> Path:
         """The run's own CODEX_HOME, holding only the seed files and config.toml."""
