@@ -351,8 +351,17 @@ class _Member:
         try:
             with _heartbeat_in_background(self.run.pk):
                 diff = repos.workspace_diff(self.workspace, baseline)
-            result.diff = _storable(diff)
             result.files_changed = len(repos.changed_files(diff))
+            limit = settings.REPLAYS_MAX_DIFF_BYTES
+            if len(diff.encode("utf-8", errors="surrogateescape")) > limit:
+                # An agent that wrote a huge tree must not fill the database: the run folder
+                # keeps the whole diff, the row its beginning and a note saying so.
+                _write_private(self.run_dir / FULL_DIFF_FILE, diff)
+                diff = diff[:limit] + (
+                    f"\n[replays] The diff is larger than {limit:,} bytes; "
+                    f"the whole diff is in {self.run_dir / FULL_DIFF_FILE}.\n"
+                )
+            result.diff = _storable(diff)
         except Exception as exc:
             if result.status == RunStatus.COMPLETED:
                 raise
@@ -594,6 +603,9 @@ def _message(text: str) -> str:
     if len(text) > MAX_MESSAGE_CHARS:
         text = "…" + text[-MAX_MESSAGE_CHARS:]
     return text
+
+
+FULL_DIFF_FILE = "workspace.diff"
 
 
 def _storable(diff: str) -> str:

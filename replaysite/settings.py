@@ -116,6 +116,8 @@ REPLAYS_LAUNCH_GRACE_SECONDS = env_float("REPLAYS_LAUNCH_GRACE_SECONDS", 120.0, 
 # How long a prepare token stays valid.
 REPLAYS_PREPARE_TOKEN_SECONDS = env_int("REPLAYS_PREPARE_TOKEN_SECONDS", 300, minimum=1)
 REPLAYS_DEFAULT_TIMEOUT_SECONDS = env_int("REPLAYS_DEFAULT_TIMEOUT_SECONDS", 1200, minimum=1)
+# A run's diff larger than this is stored cut (the run folder keeps all of it).
+REPLAYS_MAX_DIFF_BYTES = env_int("REPLAYS_MAX_DIFF_BYTES", 20 * 1024 * 1024, minimum=100)
 # Keep run worktrees after the diff is stored (they are removed by default).
 REPLAYS_KEEP_WORKSPACES = env_bool("REPLAYS_KEEP_WORKSPACES", False)
 # Largest transcript file the importer reads (bytes).

@@ -42,22 +42,50 @@ class Setup:
         self.run_root = tmp_path / "runs"
         self.marker = tmp_path / "starts.txt"
         self.pids_file = tmp_path / "pids.txt"
-        edit = [sys.executable, str(SCRIPTS / "edit_files.py"), "--model", "{model}",
-                "--request-file", "{request_file}"]
+        edit = [
+            sys.executable,
+            str(SCRIPTS / "edit_files.py"),
+            "--model",
+            "{model}",
+            "--request-file",
+            "{request_file}",
+        ]
         agents = {
-            "scripted": {"kind": "command", "command": edit, "models": ["gpt-5"],
-                         "env": {"MARKER_FILE": str(self.marker)}, "label": "Scripted"},
-            "priced": {"kind": "command", "command": [*edit, "--cost", "0.42"],
-                       "models": ["gpt-5"], "env": {"MARKER_FILE": str(self.marker)}},
-            "sloppy": {"kind": "command", "command": [*edit, "--bad-usage"],
-                       "models": ["gpt-5"], "env": {"MARKER_FILE": str(self.marker)}},
-            "failing": {"kind": "command", "command": [sys.executable, str(SCRIPTS / "fail.py")],
-                        "models": ["any"]},
-            "sleeper": {"kind": "command",
-                        "command": [sys.executable, str(SCRIPTS / "sleep_tree.py")],
-                        "models": ["any"], "env": {"PIDS_FILE": str(self.pids_file)}},
-            "ghost": {"kind": "command", "command": ["replays-no-such-agent-cli"],
-                      "models": ["any"]},
+            "scripted": {
+                "kind": "command",
+                "command": edit,
+                "models": ["gpt-5"],
+                "env": {"MARKER_FILE": str(self.marker)},
+                "label": "Scripted",
+            },
+            "priced": {
+                "kind": "command",
+                "command": [*edit, "--cost", "0.42"],
+                "models": ["gpt-5"],
+                "env": {"MARKER_FILE": str(self.marker)},
+            },
+            "sloppy": {
+                "kind": "command",
+                "command": [*edit, "--bad-usage"],
+                "models": ["gpt-5"],
+                "env": {"MARKER_FILE": str(self.marker)},
+            },
+            "failing": {
+                "kind": "command",
+                "command": [sys.executable, str(SCRIPTS / "fail.py")],
+                "models": ["any"],
+            },
+            "sleeper": {
+                "kind": "command",
+                "command": [sys.executable, str(SCRIPTS / "sleep_tree.py")],
+                "models": ["any"],
+                "env": {"PIDS_FILE": str(self.pids_file)},
+            },
+            "ghost": {
+                "kind": "command",
+                "command": ["replays-no-such-agent-cli"],
+                "models": ["any"],
+            },
         }
         agents_file = tmp_path / "agents.json"
         agents_file.write_text(json.dumps(agents))
@@ -69,14 +97,23 @@ class Setup:
         }
 
     def launching_run(self, model: str, **options: Any) -> Run:
-        _, runs = make_run_graph(owner=self.owner, repo=self.repo, baseline=self.baseline,
-                                 ending=self.ending, models=[model], **options)
+        _, runs = make_run_graph(
+            owner=self.owner,
+            repo=self.repo,
+            baseline=self.baseline,
+            ending=self.ending,
+            models=[model],
+            **options,
+        )
         return mark_launching(runs[0])
 
     def start(self, run: Run, **env: str) -> subprocess.Popen[str]:
         return subprocess.Popen(
             [sys.executable, str(MANAGE), "run_coordinator", str(run.pk)],
-            env={**self.env, **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            env={**self.env, **env},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
         )
 
     def coordinate(self, run: Run, *, seconds: float = 30) -> str:
@@ -144,9 +181,12 @@ def test_historical_baseline_reapplies_the_historical_diff(setup: Setup) -> None
     assert (run_dir / "historical.diff").read_text() == expected
     # The worktree is gone (and forgotten by git); the folder with log and configuration stays.
     assert not Path(run.workspace_path).exists()
-    assert str(run.workspace_path) not in subprocess.run(
-        ["git", "worktree", "list"], cwd=setup.repo, capture_output=True, text=True
-    ).stdout
+    assert (
+        str(run.workspace_path)
+        not in subprocess.run(
+            ["git", "worktree", "list"], cwd=setup.repo, capture_output=True, text=True
+        ).stdout
+    )
     assert (run_dir / "configuration.json").exists() and (run_dir / "agent.log").exists()
 
 
@@ -171,13 +211,28 @@ def test_a_changed_historical_result_fails_the_run_as_infrastructure(setup: Setu
 # --- command agents ------------------------------------------------------------------------
 
 
+def test_a_diff_over_the_limit_is_stored_cut_and_kept_whole_in_the_run_folder(
+    setup: Setup,
+) -> None:
+    run = setup.launching_run("scripted:gpt-5")
+    coordinator = setup.start(run, REPLAYS_MAX_DIFF_BYTES="200")
+    output, _ = coordinator.communicate(timeout=30)
+    assert coordinator.returncode == 0, output
+    run.refresh_from_db()
+    assert run.status == RunStatus.COMPLETED, run.failure_message
+    assert run.files_changed == 3  # counted on the whole diff
+    whole = (Path(run.run_dir) / "workspace.diff").read_text()
+    assert len(whole) > 200 and run.diff.startswith(whole[:200])
+    assert "The diff is larger than 200 bytes" in run.diff
+
+
 def test_command_agent_completes_with_its_diff_usage_and_cost(setup: Setup) -> None:
     request = "Shorten the greeting.\n" + "Pasted log line\n" * 20_000  # a long request
     run = setup.launching_run("scripted:gpt-5", request=request)
     setup.coordinate(run)
     assert run.status == RunStatus.COMPLETED, run.failure_message
     assert run.files_changed == 3
-    assert "+    return \"Hi \" + name" in run.diff
+    assert '+    return "Hi " + name' in run.diff
     assert "CHANGES.md" in run.diff and "deleted file mode" in run.diff
     assert (run.input_tokens, run.output_tokens, run.cache_read_tokens) == (1000, 200, 500)
     assert run.cost_usd == Decimal("0.003313")  # 0.0033125 from the price table, rounded
@@ -257,8 +312,10 @@ def test_cancel_while_running_stops_the_agent_tree_within_a_heartbeat(setup: Set
     coordinator = setup.start(run)
     try:
         pids = setup.agent_pids()
-        wait_for(lambda: "Started a child" in (Run.objects.get(pk=run.pk).log_tail or ""),
-                 "a heartbeat with the agent's log")
+        wait_for(
+            lambda: "Started a child" in (Run.objects.get(pk=run.pk).log_tail or ""),
+            "a heartbeat with the agent's log",
+        )
         assert run_status(run) == RunStatus.RUNNING
         assert (run.agent_pid, run.phase) == (pids[0], RunPhase.IMPLEMENTING)
         asked = time.monotonic()
@@ -288,8 +345,11 @@ def test_a_run_failed_elsewhere_while_running_makes_the_coordinator_stop(setup: 
         wait_for(lambda: Run.objects.get(pk=run.pk).agent_pid, "the agent pid")
         # What reconcile writes when it believes the coordinator is lost.
         Run.objects.filter(pk=run.pk, status=RunStatus.RUNNING).update(
-            status=RunStatus.FAILED, failure_code=FailureCode.COORDINATOR_LOST,
-            failure_message="Lost.", finished_at=timezone.now(), phase=RunPhase.DONE,
+            status=RunStatus.FAILED,
+            failure_code=FailureCode.COORDINATOR_LOST,
+            failure_message="Lost.",
+            finished_at=timezone.now(),
+            phase=RunPhase.DONE,
         )
         coordinator.wait(timeout=10)
     finally:
@@ -297,7 +357,9 @@ def test_a_run_failed_elsewhere_while_running_makes_the_coordinator_stop(setup: 
             coordinator.kill()
     run.refresh_from_db()
     assert (run.status, run.failure_code, run.failure_message) == (
-        RunStatus.FAILED, FailureCode.COORDINATOR_LOST, "Lost."
+        RunStatus.FAILED,
+        FailureCode.COORDINATOR_LOST,
+        "Lost.",
     )
     assert not any(still_running(pid) for pid in pids)
 
@@ -305,8 +367,11 @@ def test_a_run_failed_elsewhere_while_running_makes_the_coordinator_stop(setup: 
 def test_a_coordinator_killed_while_the_agent_runs_has_recorded_the_agent(setup: Setup) -> None:
     run = setup.launching_run("sleeper:any")
     pause_file = setup.run_root.parent / "paused.txt"
-    coordinator = setup.start(run, REPLAYS_TEST_PAUSE_AT="coordinator_agent_running",
-                              REPLAYS_TEST_PAUSE_FILE=str(pause_file))
+    coordinator = setup.start(
+        run,
+        REPLAYS_TEST_PAUSE_AT="coordinator_agent_running",
+        REPLAYS_TEST_PAUSE_FILE=str(pause_file),
+    )
     try:
         wait_for(pause_file.exists, "the coordinator to reach the pause point")
         coordinator.send_signal(signal.SIGKILL)
@@ -343,8 +408,13 @@ def test_a_member_starts_at_most_once_however_many_coordinators_race(setup: Setu
 
 
 def test_a_run_that_is_not_launching_is_not_started(setup: Setup) -> None:
-    _, runs = make_run_graph(owner=setup.owner, repo=setup.repo, baseline=setup.baseline,
-                             ending=setup.ending, models=["scripted:gpt-5"])
+    _, runs = make_run_graph(
+        owner=setup.owner,
+        repo=setup.repo,
+        baseline=setup.baseline,
+        ending=setup.ending,
+        models=["scripted:gpt-5"],
+    )
     queued = runs[0]
     assert "not started" in setup.coordinate(queued)
     assert (queued.status, queued.phase, queued.pid) == (RunStatus.QUEUED, RunPhase.QUEUED, None)
@@ -388,8 +458,9 @@ def test_slow_git_work_keeps_the_heartbeat_going(setup: Setup, settings: Any) ->
     with _heartbeat_in_background(run.pk):
         wait_for(lambda: Run.objects.get(pk=run.pk).heartbeat_at, "a background heartbeat", 5)
     # A run that is no longer running gets no heartbeat.
-    Run.objects.filter(pk=run.pk).update(status=RunStatus.CANCELLED, finished_at=timezone.now(),
-                                         heartbeat_at=None)
+    Run.objects.filter(pk=run.pk).update(
+        status=RunStatus.CANCELLED, finished_at=timezone.now(), heartbeat_at=None
+    )
     with _heartbeat_in_background(run.pk):
         time.sleep(0.35)
     assert Run.objects.get(pk=run.pk).heartbeat_at is None
