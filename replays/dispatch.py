@@ -27,7 +27,7 @@ from django.db.models import Count, F, QuerySet, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from replays import processes
+from replays import processes, repos
 from replays.agents.base import read_tail
 from replays.coordinator import AGENT_LOG
 from replays.models import (
@@ -368,11 +368,40 @@ def _reconcile_running(run: Run, now: datetime, report: ReconcileReport) -> None
     # Nobody else will stop the agent now: its coordinator is gone (or hung).
     processes.kill_tree(run.agent_pid, run.agent_pid_create_time)
     processes.kill_tree(run.pid, run.pid_create_time)
+    kept: dict[str, Any] = {}
     tail = read_tail((Path(run.run_dir) if run.run_dir else run_folder(run.pk)) / AGENT_LOG)
     if tail:
+        kept["log_tail"] = tail
+    kept.update(_collect_partial_work(run))
+    if kept:
         Run.objects.filter(
             pk=run.pk, status=RunStatus.FAILED, failure_code=FailureCode.COORDINATOR_LOST
-        ).update(log_tail=tail)
+        ).update(**kept)
+
+
+def _collect_partial_work(run: Run) -> dict[str, Any]:
+    """The diff a lost run's agent left in its worktree (work is kept, not lost), then the
+    worktree is removed like any finished run's."""
+    workspace = Path(run.workspace_path) if run.workspace_path else None
+    repository = run.configuration.get("repository")
+    baseline = run.configuration.get("baseline_commit")
+    if workspace is None or not workspace.is_dir() or not repository or not baseline:
+        return {}
+    kept: dict[str, Any] = {}
+    try:
+        diff = repos.workspace_diff(workspace, baseline)
+        kept = {
+            "diff": diff[: settings.REPLAYS_MAX_DIFF_BYTES],
+            "files_changed": len(repos.changed_files(diff)),
+        }
+    except repos.GitError as exc:
+        logger.warning("Run %s: the partial diff could not be collected: %s", run.pk, exc)
+    if not settings.REPLAYS_KEEP_WORKSPACES:
+        try:
+            repos.remove_worktree(Path(repository), workspace)
+        except repos.GitError as exc:
+            logger.warning("Run %s: the worktree could not be removed: %s", run.pk, exc)
+    return kept
 
 
 # --- Cancel --------------------------------------------------------------------------

@@ -208,6 +208,10 @@ def test_coordinator_killed_while_the_agent_runs_loses_the_run_kills_the_tree_ke
         what="the agent's log line",
     )
 
+    # What the agent did so far (as if it had written it): a crash must not lose it.
+    workspace = Path(Run.objects.get(pk=run.pk).workspace_path)
+    (workspace / "PARTIAL.md").write_text("half of the work\n")
+
     kill9(coordinator)
     assert not any(gone(pid) for pid in tree)  # orphaned, still running
     report = dispatch.reconcile_runs()
@@ -216,6 +220,8 @@ def test_coordinator_killed_while_the_agent_runs_loses_the_run_kills_the_tree_ke
     run.refresh_from_db()
     assert run.failure_code == FailureCode.COORDINATOR_LOST
     assert "Started a child and a grandchild; sleeping." in run.log_tail
+    assert "+half of the work" in run.diff and run.files_changed == 1
+    assert not workspace.exists()  # the worktree is removed once its diff is stored
     assert all(gone(pid) for pid in tree), "the lost coordinator's agent tree is still running"
     assert_every_member_accounted_for(lab, [run])
     assert lab.starts() == {run.pk: 1}
