@@ -12,6 +12,7 @@ import json
 import secrets
 import shlex
 import unicodedata
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -412,60 +413,32 @@ def resolve_thread(
         return prep
     prep.repository = str(repository)
 
-    if item["baseline_commit"]:
-        baseline = repos.resolve_commit(repository, item["baseline_commit"])
-        if baseline is None:
-            prep.blockers.append(
-                f"baseline_commit {item['baseline_commit']} is not a commit in {repository}."
-            )
-            return prep
-    else:
-        # Codex records the commit its session started from; it is the baseline of the first request only.
-        recorded = (
-            thread.git_commit
-            if thread.source_kind == SourceKind.CODEX and selected[0].index == 0
-            else ""
-        )
-        resolution = repos.resolve_baseline(
-            repository,
-            branch=thread.git_branch,
-            before=selected[0].timestamp,
+    # Codex records the commit its session started from; it is the baseline of the first request only.
+    recorded = (
+        thread.git_commit
+        if thread.source_kind == SourceKind.CODEX and selected[0].index == 0
+        else ""
+    )
+    baseline = _decide_commit(
+        prep, thread, repository, given=item["baseline_commit"], field="baseline_commit",
+        resolve=lambda: repos.resolve_baseline(
+            repository, branch=thread.git_branch, before=selected[0].timestamp,
             recorded_commit=recorded,
-        )
-        if resolution.blocker:
-            prep.blockers.append(resolution.blocker)
-            return prep
-        if resolution.question:
-            prep.questions.append(_question(resolution.question, thread))
-            return prep
-        baseline = resolution.commit
-    assert baseline is not None
+        ),
+    )  # fmt: skip
+    if baseline is None:
+        return prep
     prep.baseline_commit = baseline
-
-    if item["ending_commit"]:
-        ending = repos.resolve_commit(repository, item["ending_commit"])
-        if ending is None:
-            prep.blockers.append(
-                f"ending_commit {item['ending_commit']} is not a commit in {repository}."
-            )
-            return prep
-    else:
-        resolution = repos.resolve_ending(
-            repository,
-            branch=thread.git_branch,
-            baseline=baseline,
+    ending = _decide_commit(
+        prep, thread, repository, given=item["ending_commit"], field="ending_commit",
+        resolve=lambda: repos.resolve_ending(
+            repository, branch=thread.git_branch, baseline=baseline,
             before=following.timestamp if following else _next_session_start(thread),
-            thread_ended_at=thread.ended_at,
-            grace=ENDING_GRACE,
-        )
-        if resolution.blocker:
-            prep.blockers.append(resolution.blocker)
-            return prep
-        if resolution.question:
-            prep.questions.append(_question(resolution.question, thread))
-            return prep
-        ending = resolution.commit
-    assert ending is not None
+            thread_ended_at=thread.ended_at, grace=ENDING_GRACE,
+        ),
+    )  # fmt: skip
+    if ending is None:
+        return prep
     prep.ending_commit = ending
     try:
         prep.historical_result_sha256 = repos.sha256_text(
@@ -475,6 +448,30 @@ def resolve_thread(
     except repos.GitError as exc:
         prep.blockers.append(str(exc))
     return prep
+
+
+def _decide_commit(
+    prep: ThreadPreparation,
+    thread: Thread,
+    repository: Path,
+    *,
+    given: str | None,
+    field: str,
+    resolve: Callable[[], repos.Resolution],
+) -> str | None:
+    """The commit the user gave (which must exist), or the one git resolves; None after
+    adding the blocker or question that stops this thread."""
+    if given:
+        commit = repos.resolve_commit(repository, given)
+        if commit is None:
+            prep.blockers.append(f"{field} {given} is not a commit in {repository}.")
+        return commit
+    resolution = resolve()
+    if resolution.blocker:
+        prep.blockers.append(resolution.blocker)
+    elif resolution.question:
+        prep.questions.append(_question(resolution.question, thread))
+    return resolution.commit if not (resolution.blocker or resolution.question) else None
 
 
 def _next_session_start(thread: Thread) -> Any:
