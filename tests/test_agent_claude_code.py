@@ -1014,3 +1014,11 @@ def test_claude_refusing_its_arguments_fails_with_its_own_words(replay: Replay) 
     )
     assert run.log_tail.startswith("error: unknown option '--no-such-flag'")
     assert not server.responses
+
+
+def test_a_model_that_looks_like_an_option_is_refused(tmp_path: Path) -> None:
+    agent = ClaudeCodeAgent.from_entry(
+        "claude", claude_entry("claude"), "--dangerously-skip-permissions"
+    )
+    with pytest.raises(AgentSetupError, match="is not a model name"):
+        agent.invocation(context_for(tmp_path, []))

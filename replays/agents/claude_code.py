@@ -218,6 +218,9 @@ class ClaudeCodeAgent(ConfiguredAgent):
     # --- one run --------------------------------------------------------------------
 
     def invocation(self, context: RunContext) -> Invocation:
+        if self.model.startswith("-"):
+            # A model typed by hand must not turn into an option of claude.
+            raise AgentSetupError(f"'{self.model}' is not a model name.")
         home = self.prepare_home(context.run_dir)
         binary = str(Path(self.binary).expanduser()) if os.sep in self.binary else self.binary
         argv = [
