@@ -13,6 +13,7 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
@@ -212,12 +213,26 @@ def thread_upload(request: HttpRequest) -> HttpResponse:
 BATCHES_PER_PAGE = 25
 # The diff on the run page is for reading; the raw diff link has all of it.
 MAX_DIFF_LINES = 5000
-# The session keeps the prepare token the page flow never shows (the API shows it once).
-SESSION_TOKEN_PREFIX = "prepare_token:"
+# The page flow hands the prepare token to the browser once, in a signed cookie scoped to
+# the plan's pages: the server keeps only its hash, as with the API (DESIGN.md).
+TOKEN_COOKIE_SALT = "replays.prepare-token"
 
 
-def _token_key(plan_id: int) -> str:
-    return f"{SESSION_TOKEN_PREFIX}{plan_id}"
+def _token_cookie(plan_id: int) -> str:
+    return f"prepare_token_{plan_id}"
+
+
+def _plan_path(plan_id: int) -> str:
+    return reverse("replays:plan-detail", args=[plan_id])
+
+
+def _token_from_cookie(request: HttpRequest, plan_id: int) -> str | None:
+    return request.get_signed_cookie(
+        _token_cookie(plan_id),
+        default=None,
+        salt=TOKEN_COOKIE_SALT,
+        max_age=settings.REPLAYS_PREPARE_TOKEN_SECONDS,
+    )
 
 
 def _model_labels() -> dict[str, str]:
@@ -238,9 +253,19 @@ def _safe_next(request: HttpRequest, default: str) -> str:
 
 def _after_prepare(request: HttpRequest, prepared: planning.PreparedPlan) -> HttpResponse:
     plan = prepared.plan
+    response = redirect("replays:plan-detail", pk=plan.pk)
     if prepared.prepare_token is not None:
-        request.session[_token_key(plan.pk)] = prepared.prepare_token
-    return redirect("replays:plan-detail", pk=plan.pk)
+        response.set_signed_cookie(
+            _token_cookie(plan.pk),
+            prepared.prepare_token,
+            salt=TOKEN_COOKIE_SALT,
+            max_age=settings.REPLAYS_PREPARE_TOKEN_SECONDS,
+            path=_plan_path(plan.pk),
+            secure=request.is_secure(),
+            httponly=True,
+            samesite="Strict",
+        )
+    return response
 
 
 @dataclass
@@ -361,7 +386,7 @@ def _plan_page(
         "verify_command": configuration.get("verify_command"),
         "ready": plan.status == PlanStatus.READY_FOR_APPROVAL,
         "expired": plan.is_expired,
-        "has_token": _token_key(plan.pk) in request.session,
+        "has_token": _token_from_cookie(request, plan.pk) is not None,
         "error": error,
         "answer_form": answer_form,
     }
@@ -405,16 +430,17 @@ def plan_prepare_again(request: HttpRequest, pk: int) -> HttpResponse:
 @require_POST
 def plan_approve(request: HttpRequest, pk: int) -> HttpResponse:
     plan = get_object_or_404(Plan.objects.visible_to(request.user), pk=pk)
-    token = request.session.get(_token_key(plan.pk))
+    token = _token_from_cookie(request, plan.pk)
     if token is None:
         batch = plan.batch
         if batch is not None:
             messages.info(request, f"Plan {plan.pk} was already approved: this is its batch.")
             return redirect(batch)
         error = PageError(
-            "This plan's prepare token is not in this browser session (the plan was prepared "
-            "through the API or in another browser). Prepare it again to approve it here.",
-            code="token_not_in_session",
+            "This plan's prepare token is not in this browser (the plan was prepared through "
+            "the API or in another browser, or the token expired). Prepare it again to "
+            "approve it here.",
+            code="token_not_in_browser",
         )
         return _plan_page(request, plan, error=error, status=403)
     try:
@@ -434,7 +460,10 @@ def plan_approve(request: HttpRequest, pk: int) -> HttpResponse:
     else:
         runs = len(result.runs)
         messages.success(request, f"Approved: {runs} run{pluralize(runs)} queued.")
-    return redirect(result.batch)
+    response = redirect(result.batch)
+    # Single use: the browser has no more need for the token.
+    response.delete_cookie(_token_cookie(plan.pk), path=_plan_path(plan.pk), samesite="Strict")
+    return response
 
 
 # --- Batches -------------------------------------------------------------------------------

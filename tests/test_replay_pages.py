@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from datetime import timedelta
 from decimal import Decimal
@@ -10,6 +11,7 @@ from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
+from django.test import RequestFactory
 from django.urls import reverse
 from django.utils import timezone
 
@@ -213,13 +215,20 @@ def test_preparing_from_the_thread_page_lands_on_a_ready_plan_with_the_prompt(
     plan = prepare_line_count(logged_in_client, real_threads, sample_repo)
     assert plan.status == PlanStatus.READY_FOR_APPROVAL
     assert plan.configuration["timeout_seconds"] == 1200
-    # The token stays on the server: in the session, never on the page.
-    assert f"prepare_token:{plan.pk}" in logged_in_client.session
+    # The token goes to the browser once, in a signed cookie scoped to the plan's pages;
+    # the server keeps only its hash (nothing in the session, nothing on the page).
+    cookie = logged_in_client.cookies[f"prepare_token_{plan.pk}"]
+    assert cookie["path"] == f"/plans/{plan.pk}/" and cookie["httponly"]
+    request = RequestFactory().get("/")
+    request.COOKIES[cookie.key] = cookie.value
+    token = request.get_signed_cookie(cookie.key, salt="replays.prepare-token")
+    assert hashlib.sha256(token.encode()).hexdigest() == plan.token_hash
+    assert token not in str(dict(logged_in_client.session))
     response = logged_in_client.get(reverse("replays:plan-detail", args=[plan.pk]))
     page = response.content.decode()
     assert "Approve 1 thread using 2 models?" in page
     assert ">Approve</button>" in page
-    assert logged_in_client.session[f"prepare_token:{plan.pk}"] not in page
+    assert token not in page
     turn = manifest_session("claude-line-count")["turns"][0]
     assert f'title="{turn["head_before"]}">{turn["head_before"][:12]}</code>' in page
     assert f'title="{turn["commit_after"]}">{turn["commit_after"][:12]}</code>' in page
@@ -297,7 +306,7 @@ def test_a_plan_prepared_elsewhere_offers_to_prepare_again(
     client.force_login(user)
     plan = prepare_line_count(client, real_threads, sample_repo)
     client.logout()
-    client.force_login(user)  # a new session: the token is not in it
+    client.force_login(user)  # a new browser session: no token cookie
     page = client.get(reverse("replays:plan-detail", args=[plan.pk])).content.decode()
     assert ">Approve</button>" not in page and "Prepare again to approve" in page
     response = client.post(reverse("replays:plan-approve", args=[plan.pk]), {"approved": "true"})
