@@ -21,11 +21,22 @@ def cost_display(obj: Thread | Turn | Run) -> str:
     return "unknown price" if obj.cost_usd is None else f"${obj.cost_usd:.4f}"
 
 
-class TurnInline(admin.TabularInline):
-    model = Turn
+class ReadOnlyInline(admin.TabularInline):
+    """Rows shown beside their parent; they are written by the protocol, never here."""
+
     extra = 0
     can_delete = False
     show_change_link = True
+
+    def get_readonly_fields(self, request: HttpRequest, obj: object = None) -> tuple[str, ...]:
+        return tuple(self.fields or ())
+
+    def has_add_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+
+class TurnInline(ReadOnlyInline):
+    model = Turn
     fields = (
         "index",
         "timestamp",
@@ -36,14 +47,10 @@ class TurnInline(admin.TabularInline):
         "cost_usd",
         "seconds",
     )
-    readonly_fields = fields
 
     @admin.display(description="Request")
     def short_request(self, turn: Turn) -> str:
         return turn.request[:120]
-
-    def has_add_permission(self, request: HttpRequest, obj: object = None) -> bool:
-        return False
 
 
 @admin.register(Thread)
@@ -110,16 +117,9 @@ class TurnAdmin(admin.ModelAdmin):
         return turn.request[:80]
 
 
-class BatchInline(admin.TabularInline):
+class BatchInline(ReadOnlyInline):
     model = Batch
-    extra = 0
-    can_delete = False
     fields = ("id", "owner", "thread_count", "approved_at")
-    readonly_fields = fields
-    show_change_link = True
-
-    def has_add_permission(self, request: HttpRequest, obj: object = None) -> bool:
-        return False
 
 
 @admin.register(Plan)
@@ -148,16 +148,9 @@ class PlanAdmin(admin.ModelAdmin):
         return False
 
 
-class RunInline(admin.TabularInline):
+class RunInline(ReadOnlyInline):
     model = Run
-    extra = 0
-    can_delete = False
     fields = ("thread", "model", "status", "phase", "failure_code", "cost_usd", "wall_seconds")
-    readonly_fields = fields
-    show_change_link = True
-
-    def has_add_permission(self, request: HttpRequest, obj: object = None) -> bool:
-        return False
 
 
 @admin.register(Batch)

@@ -85,7 +85,7 @@ def approve_plan(
             status=409,
             details={"blockers": plan.blockers, "questions": plan.questions},
         )
-    changes = protected_input_changes(plan)
+    changes, current = protected_input_changes(plan)
     if changes:
         raise ApprovalError(
             "Inputs changed since prepare: "
@@ -95,16 +95,20 @@ def approve_plan(
             status=409,
             details={"changes": changes},
         )
-    return _create_batch(plan)
+    return _create_batch(plan, current)
 
 
-def protected_input_changes(plan: Plan) -> list[dict[str, Any]]:
-    """Resolve every thread again (git, files) and name what differs from prepare."""
+def protected_input_changes(
+    plan: Plan,
+) -> tuple[list[dict[str, Any]], dict[int, tuple[Thread, planning.ThreadPreparation]]]:
+    """Resolve every thread again (git, files) and name what differs from prepare; also
+    hand back the fresh resolutions, which the batch is made from when nothing changed."""
     configuration = plan.configuration
     threads = Thread.objects.in_bulk(
         [item["thread_id"] for item in configuration["configurations"]]
     )
     changes: list[dict[str, Any]] = []
+    current: dict[int, tuple[Thread, planning.ThreadPreparation]] = {}
     labels = {
         "transcript_sha256": "the transcript",
         "repository": "the repository",
@@ -131,9 +135,10 @@ def protected_input_changes(plan: Plan) -> list[dict[str, Any]]:
         except planning.PlanInputError as exc:
             changes.append({"thread_id": thread.pk, "input": "thread", "message": exc.message})
             continue
-        current = now.protected_inputs()
+        current[thread.pk] = (thread, now)
+        inputs = now.protected_inputs()
         for key, label in labels.items():
-            if current[key] != prepared.get(key):
+            if inputs[key] != prepared.get(key):
                 changes.append(
                     {
                         "thread_id": thread.pk,
@@ -141,7 +146,7 @@ def protected_input_changes(plan: Plan) -> list[dict[str, Any]]:
                         "message": f"{label} of thread {thread.pk} changed",
                     }
                 )
-    return changes
+    return changes, current
 
 
 def run_configuration(
@@ -171,12 +176,10 @@ def run_configuration(
     }
 
 
-def _create_batch(plan: Plan) -> ApprovalResult:
+def _create_batch(
+    plan: Plan, current: dict[int, tuple[Thread, planning.ThreadPreparation]]
+) -> ApprovalResult:
     configuration = plan.configuration
-    threads = Thread.objects.in_bulk(
-        [item["thread_id"] for item in configuration["configurations"]]
-    )
-    requests = planning.plan_requests(plan)
     try:
         with transaction.atomic():
             batch = Batch.objects.create(
@@ -191,10 +194,10 @@ def _create_batch(plan: Plan) -> ApprovalResult:
             for item, prepared in zip(
                 configuration["configurations"], plan.preparations, strict=True
             ):
-                thread = threads[item["thread_id"]]
+                thread, resolved = current[item["thread_id"]]
                 for model in configuration["models"]:
                     config = run_configuration(
-                        plan, prepared, item, model, thread, requests[thread.pk]
+                        plan, prepared, item, model, thread, resolved.request
                     )
                     config["batch_id"] = batch.pk
                     runs.append(Run(batch=batch, thread=thread, model=model, configuration=config))

@@ -45,6 +45,7 @@ from replays.agents.base import (
     error_from_log,
     plain_text,
     read_tail,
+    write_private,
 )
 from replays.models import FailureCode, Run, RunPhase, RunStatus
 from replays.processes import ProcessIdentity, pause_point
@@ -470,14 +471,7 @@ _HIDDEN_FROM_AGENTS = {
     "DJANGO_SETTINGS_MODULE",
     # Inherited from a git hook or shell, these would point the agent's git at another
     # repository than its worktree.
-    "GIT_DIR",
-    "GIT_WORK_TREE",
-    "GIT_INDEX_FILE",
-    "GIT_OBJECT_DIRECTORY",
-    "GIT_ALTERNATE_OBJECT_DIRECTORIES",
-    "GIT_COMMON_DIR",
-    "GIT_NAMESPACE",
-    "GIT_PREFIX",
+    *repos.GIT_LOCATION_VARIABLES,
 }
 
 
@@ -573,11 +567,7 @@ def _restore_signals(previous: dict[int, Any]) -> None:
 
 
 def _write_private(path: Path, text: str) -> None:
-    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    # O_CREAT's mode applies only to a new file.
-    os.fchmod(descriptor, 0o600)
-    with os.fdopen(descriptor, "w", encoding="utf-8", errors="surrogateescape") as handle:
-        handle.write(text)
+    write_private(path, text.encode("utf-8", errors="surrogateescape"))
 
 
 def _request_dispatch() -> None:

@@ -126,9 +126,15 @@ def file_sha256(path: Path) -> str:
 
 
 def import_transcript_file(
-    *, path: Path, user: AbstractBaseUser | None = None, max_bytes: int | None = None
+    *,
+    path: Path,
+    user: AbstractBaseUser | None = None,
+    max_bytes: int | None = None,
+    sha256: str | None = None,
 ) -> ImportResult:
-    """Import one session file: new, updated in place, or unchanged (skipped)."""
+    """Import one session file: new, updated in place, or unchanged (skipped).
+
+    `sha256` is the file's digest when the caller computed it while writing the file."""
     limit = max_bytes if max_bytes is not None else max_transcript_bytes()
     try:
         size = path.stat().st_size
@@ -142,7 +148,7 @@ def import_transcript_file(
             outcome="failed",
             error=f"{path}: {_megabytes(size)} is larger than the transcript limit of {_megabytes(limit)}.",
         )
-    sha256 = file_sha256(path)
+    sha256 = sha256 or file_sha256(path)
     known = Thread.objects.filter(
         source_path=str(path), source_sha256=sha256, source_size=size
     ).first()
@@ -192,7 +198,9 @@ def import_uploaded_transcript(
         shutil.move(temporary, final)
     finally:
         temporary.unlink(missing_ok=True)
-    result = import_transcript_file(path=final, user=user, max_bytes=limit)
+    result = import_transcript_file(
+        path=final, user=user, max_bytes=limit, sha256=digest.hexdigest()
+    )
     if result.outcome == "failed":
         # Name the file as the user knows it, not our storage path.
         result.error = result.error.replace(str(final), safe_name)

@@ -291,10 +291,10 @@ class Batch(models.Model):
     @property
     def results_ready(self) -> bool:
         """Final results: every run ended and every completed run has its report."""
-        return (
-            self.finished
-            and not self.runs.filter(status=RunStatus.COMPLETED, report__isnull=True).exists()
+        waiting = Q(status__in=ACTIVE_RUN_STATUSES) | Q(
+            status=RunStatus.COMPLETED, report__isnull=True
         )
+        return not self.runs.filter(waiting).exists()
 
     @property
     def launch_errors(self) -> models.QuerySet[LaunchError]:

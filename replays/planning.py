@@ -382,16 +382,22 @@ def _question(question: repos.Question, thread: Thread) -> dict[str, Any]:
 
 
 def resolve_thread(
-    thread: Thread, item: dict[str, Any], *, verify_command: str | None
+    thread: Thread,
+    item: dict[str, Any],
+    *,
+    verify_command: str | None,
+    transcript_sha256: str | None = None,
 ) -> ThreadPreparation:
-    """Repository, baseline, ending, historical result and digests for one thread and range."""
+    """Repository, baseline, ending, historical result and digests for one thread and range.
+
+    `transcript_sha256` saves hashing the transcript again when the caller already has it."""
     selected, following = _range(thread, item)
     prep = ThreadPreparation(
         thread_id=thread.pk,
         start_message_uuid=selected[0].message_uuid,
         end_message_uuid=selected[-1].message_uuid,
         request=item["request"] or REQUEST_SEPARATOR.join(turn.request for turn in selected),
-        transcript_sha256=transcript_digest(thread),
+        transcript_sha256=transcript_sha256 or transcript_digest(thread),
     )
     if not prep.request.strip():
         prep.blockers.append(f"Thread {thread.pk}: the selected requests are empty.")
@@ -516,8 +522,15 @@ def prepare_thread(
 ) -> ThreadPreparation:
     """Resolve the thread once per model: every model must see the same baseline and result."""
     first: ThreadPreparation | None = None
+    # Git is asked again per model; the transcript (possibly large) is hashed once.
+    transcript_sha256 = transcript_digest(thread)
     for model in configuration["models"]:
-        prep = resolve_thread(thread, item, verify_command=configuration["verify_command"])
+        prep = resolve_thread(
+            thread,
+            item,
+            verify_command=configuration["verify_command"],
+            transcript_sha256=transcript_sha256,
+        )
         if first is None:
             first = prep
         elif not (prep.blockers or prep.questions or first.blockers or first.questions):
@@ -610,17 +623,3 @@ def prepare_plan(*, owner: AbstractBaseUser, raw_configuration: Any) -> Prepared
     return PreparedPlan(
         plan=plan, prepare_token=token if status == PlanStatus.READY_FOR_APPROVAL else None
     )
-
-
-def plan_requests(plan: Plan) -> dict[int, str]:
-    """The request text per thread id, as prepare resolved it."""
-    threads = load_threads(plan.configuration)
-    return {
-        thread.pk: resolve_thread_request(thread, item)
-        for thread, item in zip(threads, plan.configuration["configurations"], strict=True)
-    }
-
-
-def resolve_thread_request(thread: Thread, item: dict[str, Any]) -> str:
-    selected, _ = _range(thread, item)
-    return item["request"] or REQUEST_SEPARATOR.join(turn.request for turn in selected)

@@ -314,18 +314,23 @@ def _litellm_cost(value: object) -> Decimal | None:
     return _tidy(Decimal(repr(value)) * PER_MILLION)
 
 
-def _decimal(value: object) -> Decimal | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-        raise ValueError(f"a price that is not a number: {value!r}")
+def non_negative_decimal(name: str, value: object) -> Decimal:
+    """A money figure from JSON (number or numeric string); ValueError naming `name` otherwise.
+
+    A float goes through repr(), the shortest text that round-trips it, so 3e-06 stays exact."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ValueError(f"{name} must be a number, not {value!r}")
     try:
         number = Decimal(repr(value)) if isinstance(value, float) else Decimal(value)
     except InvalidOperation:
-        raise ValueError(f"a price that is not a number: {value!r}") from None
+        raise ValueError(f"{name} must be a number, not {value!r}") from None
     if not number.is_finite() or number < 0:
-        raise ValueError(f"a price that is not a non-negative number: {value!r}")
-    return _tidy(number)
+        raise ValueError(f"{name} must be a non-negative number, not {value!r}")
+    return number
+
+
+def _decimal(value: object) -> Decimal | None:
+    return None if value is None else _tidy(non_negative_decimal("a price", value))
 
 
 def _tidy(number: Decimal) -> Decimal:

@@ -54,7 +54,7 @@ _DIFF_OPTIONS = [
 ]
 # Inherited from a git hook or a shell inside a repository, these would point
 # our commands at the wrong repository or index.
-_GIT_LOCATION_VARIABLES = (
+GIT_LOCATION_VARIABLES = (
     "GIT_DIR",
     "GIT_WORK_TREE",
     "GIT_INDEX_FILE",
@@ -104,7 +104,7 @@ class Resolution:
 
 
 def _environment(extra: dict[str, str] | None = None) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in _GIT_LOCATION_VARIABLES}
+    env = {k: v for k, v in os.environ.items() if k not in GIT_LOCATION_VARIABLES}
     # Never wait for a password or an editor: there is nobody to answer.
     env["GIT_TERMINAL_PROMPT"] = "0"
     env["GIT_EDITOR"] = "true"

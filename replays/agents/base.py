@@ -19,7 +19,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, ClassVar, Protocol
 
 from replays.transcripts.base import TokenUsage
@@ -278,3 +278,84 @@ def remove_seed_files(home: Path, seed_files: Mapping[str, str]) -> None:
     what the agent wrote there itself (its session file) stays with the run."""
     for target in seed_files:
         (home / target).unlink(missing_ok=True)
+
+
+# --- Settings entries of agents that run a CLI (codex, claude_code) -----------------
+
+
+def check_program_entry(entry: Mapping[str, Any], *, default_binary: str) -> None:
+    """The keys every CLI agent has: `binary`, `args`, `env`; ValueError when malformed."""
+    binary = entry.get("binary", default_binary)
+    if not isinstance(binary, str) or not binary.strip():
+        raise ValueError("'binary' must be a program name or path")
+    args = entry.get("args", [])
+    if not isinstance(args, list) or not all(isinstance(arg, str) for arg in args):
+        raise ValueError("'args' must be a list of strings")
+    env = entry.get("env", {})
+    if not isinstance(env, Mapping) or not all(
+        isinstance(key, str) and key and isinstance(value, str) for key, value in env.items()
+    ):
+        raise ValueError("'env' must map names to strings")
+
+
+def check_seed_files(entry: Mapping[str, Any], *, home: str) -> Mapping[str, Any]:
+    """`seed_files`: {relative path inside the agent's home: source path}; `home` names it."""
+    seeds = entry.get("seed_files", {})
+    if not isinstance(seeds, Mapping):
+        raise ValueError(f"'seed_files' must map file names in {home} to source paths")
+    for target, source in seeds.items():
+        if not isinstance(target, str) or not target.strip():
+            raise ValueError(f"'seed_files': each key is a path inside {home}")
+        path = PurePosixPath(target)
+        if path.is_absolute() or not path.parts or ".." in path.parts or target.startswith("~"):
+            raise ValueError(
+                f"'seed_files': {target!r} must be a relative path inside {home} "
+                "(the source path is the value)"
+            )
+        if not isinstance(source, str) or not source.strip():
+            raise ValueError(f"'seed_files': the source of {target!r} must be a path")
+    return seeds
+
+
+def seed_files_unavailable_reason(seed_files: Mapping[str, str], *, home: str) -> str:
+    """Why the seed files cannot be copied ("" when they can); checked at discovery, so a
+    plan is blocked rather than a run failing later."""
+    for target, source in seed_files.items():
+        path = Path(source).expanduser()
+        if not path.exists():
+            return f"The seed file {source} (for {home}/{target}) does not exist."
+        if not path.is_file():
+            return f"The seed file {source} (for {home}/{target}) is not a file."
+    return ""
+
+
+def copy_seed_files(home_dir: Path, seed_files: Mapping[str, str], *, home: str) -> None:
+    """Copy the seed files into a run's own home, readable by the owner only."""
+    for target, source in seed_files.items():
+        try:
+            data = Path(source).expanduser().read_bytes()
+        except FileNotFoundError:
+            raise AgentSetupError(
+                f"The seed file {source} (for {home}/{target}) does not exist."
+            ) from None
+        except OSError as exc:
+            raise AgentSetupError(
+                f"The seed file {source} (for {home}/{target}) cannot be read: "
+                f"{exc.strerror or exc}"
+            ) from None
+        try:
+            write_private(home_dir / target, data)
+        except OSError as exc:
+            raise AgentSetupError(
+                f"The seed file {source} cannot be copied to {home}/{target}: {exc.strerror or exc}"
+            ) from None
+
+
+def write_private(path: Path, data: bytes) -> None:
+    """Write a file only the owner reads (credentials, requests, settings)."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    # O_CREAT's mode applies only to a new file.
+    os.fchmod(descriptor, 0o600)
+    with os.fdopen(descriptor, "wb") as handle:
+        handle.write(data)

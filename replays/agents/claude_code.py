@@ -35,7 +35,7 @@ import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any, ClassVar
 
 from django.conf import settings
@@ -47,6 +47,9 @@ from replays.agents.base import (
     ConfiguredAgent,
     Invocation,
     RunContext,
+    check_program_entry,
+    check_seed_files,
+    copy_seed_files,
     first_lines,
     json_event,
     plain_text,
@@ -56,6 +59,7 @@ from replays.agents.base import (
     readable_tail,
     remove_seed_files,
     render_event_stream,
+    seed_files_unavailable_reason,
 )
 from replays.transcripts.base import TokenUsage, TranscriptError
 from replays.transcripts.claude_code import anthropic_usage, parse_claude_code
@@ -138,26 +142,16 @@ class ClaudeCodeAgent(ConfiguredAgent):
 
     @classmethod
     def check_entry(cls, entry: Mapping[str, Any]) -> None:
-        binary = entry.get("binary", DEFAULT_BINARY)
-        if not isinstance(binary, str) or not binary.strip():
-            raise ValueError("'binary' must be a program name or path")
-        args = entry.get("args", [])
-        if not isinstance(args, list) or not all(isinstance(arg, str) for arg in args):
-            raise ValueError("'args' must be a list of strings")
-        for arg in args:
+        check_program_entry(entry, default_binary=DEFAULT_BINARY)
+        for arg in entry.get("args", []):
             flag = arg.split("=", 1)[0]
             if flag in _OWN_FLAGS:
                 raise ValueError(
                     f"'args' must not give {flag}: the claude_code kind sets it "
                     f"({_OWN_FLAGS[flag]})"
                 )
-        env = entry.get("env", {})
-        if not isinstance(env, Mapping) or not all(
-            isinstance(key, str) and key and isinstance(value, str) for key, value in env.items()
-        ):
-            raise ValueError("'env' must map names to strings")
         for name, why in _OWN_ENV.items():
-            if name in env:
+            if name in entry.get("env", {}):
                 raise ValueError(f"'env' must not set {name}: {why}")
         mode = entry.get("permission_mode", DEFAULT_PERMISSION_MODE)
         if mode not in PERMISSION_MODES:
@@ -179,23 +173,12 @@ class ClaudeCodeAgent(ConfiguredAgent):
             raise ValueError(
                 f"'max_budget_usd' must be a positive number of dollars, not {budget!r}"
             )
-        seeds = entry.get("seed_files", {})
-        if not isinstance(seeds, Mapping):
-            raise ValueError("'seed_files' must map paths inside the run's HOME to source paths")
-        for target, source in seeds.items():
-            _check_seed_target(target)
-            if not isinstance(source, str) or not source.strip():
-                raise ValueError(f"'seed_files': the source of {target!r} must be a path")
+        check_seed_files(entry, home="the run's HOME")
 
     @classmethod
     def unavailable_reason(cls, entry: Mapping[str, Any]) -> str:
         reason = program_unavailable_reason(entry.get("binary", DEFAULT_BINARY), entry.get("env"))
-        if reason:
-            return reason
-        for target, source in entry.get("seed_files", {}).items():
-            if not Path(source).expanduser().is_file():
-                return f"The seed file {source} (for HOME/{target}) does not exist."
-        return ""
+        return reason or seed_files_unavailable_reason(entry.get("seed_files", {}), home="HOME")
 
     @classmethod
     def version(cls, entry: Mapping[str, Any]) -> str:
@@ -266,26 +249,7 @@ class ClaudeCodeAgent(ConfiguredAgent):
         """The run's own HOME, holding only the seed files."""
         home = run_dir / HOME_DIR
         (home / CONFIG_DIR).mkdir(mode=0o700, parents=True, exist_ok=True)
-        for target, source in self.seed_files.items():
-            source_path = Path(source).expanduser()
-            try:
-                data = source_path.read_bytes()
-            except FileNotFoundError:
-                raise AgentSetupError(
-                    f"The seed file {source} (for HOME/{target}) does not exist."
-                ) from None
-            except OSError as exc:
-                raise AgentSetupError(
-                    f"The seed file {source} (for HOME/{target}) cannot be read: "
-                    f"{exc.strerror or exc}"
-                ) from None
-            try:
-                _write_private(home / target, data)
-            except OSError as exc:
-                raise AgentSetupError(
-                    f"The seed file {source} cannot be copied to HOME/{target}: "
-                    f"{exc.strerror or exc}"
-                ) from None
+        copy_seed_files(home, self.seed_files, home="HOME")
         return home
 
     def outcome(self, context: RunContext, *, exit_code: int) -> AgentOutcome:
@@ -660,23 +624,3 @@ def _is_number(value: object) -> bool:
 
 def _text(value: object) -> str:
     return value if isinstance(value, str) else ""
-
-
-def _check_seed_target(target: object) -> None:
-    if not isinstance(target, str) or not target.strip():
-        raise ValueError("'seed_files': each key is a path inside the run's HOME")
-    path = PurePosixPath(target)
-    if path.is_absolute() or ".." in path.parts or target.startswith("~"):
-        raise ValueError(
-            f"'seed_files': {target!r} must be a relative path inside the run's HOME "
-            "(the source path is the value)"
-        )
-
-
-def _write_private(path: Path, data: bytes) -> None:
-    """Write a file only the owner reads (credentials, settings)."""
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    os.fchmod(descriptor, 0o600)
-    with os.fdopen(descriptor, "wb") as handle:
-        handle.write(data)

@@ -37,6 +37,9 @@ from replays.agents.base import (
     ConfiguredAgent,
     Invocation,
     RunContext,
+    check_program_entry,
+    check_seed_files,
+    copy_seed_files,
     first_lines,
     json_event,
     plain_text,
@@ -46,6 +49,8 @@ from replays.agents.base import (
     readable_tail,
     remove_seed_files,
     render_event_stream,
+    seed_files_unavailable_reason,
+    write_private,
 )
 from replays.transcripts.base import TokenUsage
 
@@ -93,18 +98,8 @@ class CodexAgent(ConfiguredAgent):
 
     @classmethod
     def check_entry(cls, entry: Mapping[str, Any]) -> None:
-        binary = entry.get("binary", DEFAULT_BINARY)
-        if not isinstance(binary, str) or not binary.strip():
-            raise ValueError("'binary' must be a program name or path")
-        args = entry.get("args", [])
-        if not isinstance(args, list) or not all(isinstance(arg, str) for arg in args):
-            raise ValueError("'args' must be a list of strings")
-        env = entry.get("env", {})
-        if not isinstance(env, Mapping) or not all(
-            isinstance(key, str) and key and isinstance(value, str) for key, value in env.items()
-        ):
-            raise ValueError("'env' must map names to strings")
-        if "CODEX_HOME" in env:
+        check_program_entry(entry, default_binary=DEFAULT_BINARY)
+        if "CODEX_HOME" in entry.get("env", {}):
             raise ValueError(
                 "'env' must not set CODEX_HOME: each run gets its own "
                 "(give what it needs in 'seed_files' or 'config_toml')"
@@ -112,13 +107,7 @@ class CodexAgent(ConfiguredAgent):
         sandbox = entry.get("sandbox", DEFAULT_SANDBOX)
         if sandbox not in SANDBOX_MODES:
             raise ValueError(f"'sandbox' must be one of {', '.join(SANDBOX_MODES)}")
-        seeds = entry.get("seed_files", {})
-        if not isinstance(seeds, Mapping):
-            raise ValueError("'seed_files' must map file names in CODEX_HOME to source paths")
-        for target, source in seeds.items():
-            _check_seed_target(target)
-            if not isinstance(source, str) or not source.strip():
-                raise ValueError(f"'seed_files': the source of {target!r} must be a path")
+        seeds = check_seed_files(entry, home="CODEX_HOME")
         config_toml = entry.get("config_toml")
         if config_toml is not None and not isinstance(config_toml, str):
             raise ValueError("'config_toml' must be the text of a config.toml")
@@ -131,15 +120,9 @@ class CodexAgent(ConfiguredAgent):
     def unavailable_reason(cls, entry: Mapping[str, Any]) -> str:
         env = entry.get("env", {})
         reason = program_unavailable_reason(entry.get("binary", DEFAULT_BINARY), env)
-        if reason:
-            return reason
-        for target, source in entry.get("seed_files", {}).items():
-            path = Path(source).expanduser()
-            if not path.exists():
-                return f"The seed file {source} (for CODEX_HOME/{target}) does not exist."
-            if not path.is_file():
-                return f"The seed file {source} (for CODEX_HOME/{target}) is not a file."
-        return ""
+        return reason or seed_files_unavailable_reason(
+            entry.get("seed_files", {}), home="CODEX_HOME"
+        )
 
     @classmethod
     def version(cls, entry: Mapping[str, Any]) -> str:
@@ -193,22 +176,9 @@ class CodexAgent(ConfiguredAgent):
         """The run's own CODEX_HOME, holding only the seed files and config.toml."""
         home = run_dir / CODEX_HOME_DIR
         home.mkdir(mode=0o700, parents=True, exist_ok=True)
-        for target, source in self.seed_files.items():
-            source_path = Path(source).expanduser()
-            try:
-                data = source_path.read_bytes()
-            except FileNotFoundError:
-                raise AgentSetupError(
-                    f"The seed file {source} (for CODEX_HOME/{target}) does not exist."
-                ) from None
-            except OSError as exc:
-                raise AgentSetupError(
-                    f"The seed file {source} (for CODEX_HOME/{target}) cannot be read: "
-                    f"{exc.strerror or exc}"
-                ) from None
-            _write_private(home / target, data)
+        copy_seed_files(home, self.seed_files, home="CODEX_HOME")
         if self.config_toml is not None:
-            _write_private(home / CONFIG_TOML, self.config_toml.encode("utf-8"))
+            write_private(home / CONFIG_TOML, self.config_toml.encode("utf-8"))
         return home
 
     def outcome(self, context: RunContext, *, exit_code: int) -> AgentOutcome:
@@ -480,23 +450,3 @@ def _command_text(command: object) -> str:
 
 def _text(value: object) -> str:
     return value if isinstance(value, str) else ""
-
-
-def _check_seed_target(target: object) -> None:
-    if not isinstance(target, str) or not target.strip():
-        raise ValueError("'seed_files': each key is a file name inside CODEX_HOME")
-    path = PurePosixPath(target)
-    if path.is_absolute() or not path.parts or ".." in path.parts or target.startswith("~"):
-        raise ValueError(
-            f"'seed_files': {target!r} must be a relative path inside CODEX_HOME "
-            "(the source path is the value)"
-        )
-
-
-def _write_private(path: Path, data: bytes) -> None:
-    """Write a file only the owner reads (auth.json holds credentials)."""
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    os.fchmod(descriptor, 0o600)
-    with os.fdopen(descriptor, "wb") as handle:
-        handle.write(data)

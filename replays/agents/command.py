@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -139,7 +139,7 @@ def _parse_usage(data: object) -> tuple[TokenUsage, Decimal | None, float | None
         tokens[key] = value
     cost = data.get("cost_usd")
     if cost is not None:
-        cost = _non_negative_decimal("cost_usd", cost)
+        cost = pricing.non_negative_decimal("cost_usd", cost)
     seconds = data.get("model_seconds")
     if seconds is not None:
         if (
@@ -153,15 +153,3 @@ def _parse_usage(data: object) -> tuple[TokenUsage, Decimal | None, float | None
     if not isinstance(model, str):
         raise ValueError(f"model must be a string, not {model!r}")
     return TokenUsage(**tokens), cost, seconds, model.strip()
-
-
-def _non_negative_decimal(name: str, value: object) -> Decimal:
-    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise ValueError(f"{name} must be a number, not {value!r}")
-    try:
-        number = Decimal(repr(value)) if isinstance(value, float) else Decimal(value)
-    except InvalidOperation:
-        raise ValueError(f"{name} must be a number, not {value!r}") from None
-    if not number.is_finite() or number < 0:
-        raise ValueError(f"{name} must be a non-negative number, not {value!r}")
-    return number

@@ -13,6 +13,17 @@ TOKEN_KINDS = {
 }
 
 
+def cost_field() -> serializers.DecimalField:
+    """Dollars as a JSON number; null (never 0) when a model's price is unknown."""
+    return serializers.DecimalField(
+        max_digits=14,
+        decimal_places=6,
+        allow_null=True,
+        coerce_to_string=False,
+        help_text="Null when a model's price is unknown (never reported as 0).",
+    )
+
+
 class TokensSerializer(serializers.Serializer):
     """Token counts by kind; the kinds are disjoint (input excludes cached reads)."""
 
@@ -32,13 +43,7 @@ class TokensSerializer(serializers.Serializer):
 class TurnSerializer(serializers.ModelSerializer):
     models = serializers.ListField(source="models_used", child=serializers.CharField())
     tokens = TokensSerializer(source="*")
-    cost_usd = serializers.DecimalField(
-        max_digits=14,
-        decimal_places=6,
-        allow_null=True,
-        coerce_to_string=False,
-        help_text="Null when a model's price is unknown (never reported as 0).",
-    )
+    cost_usd = cost_field()
 
     class Meta:
         model = Turn
@@ -58,13 +63,7 @@ class TurnSerializer(serializers.ModelSerializer):
 class ThreadSerializer(serializers.ModelSerializer):
     models = serializers.ListField(source="models_used", child=serializers.CharField())
     tokens = TokensSerializer(source="*")
-    cost_usd = serializers.DecimalField(
-        max_digits=14,
-        decimal_places=6,
-        allow_null=True,
-        coerce_to_string=False,
-        help_text="Null when a model's price is unknown (never reported as 0).",
-    )
+    cost_usd = cost_field()
     url = serializers.HyperlinkedIdentityField(view_name="api-thread-detail")
 
     class Meta:
@@ -218,9 +217,7 @@ class RunSerializer(serializers.Serializer):
     failure_message = serializers.CharField()
     files_changed = serializers.IntegerField()
     tokens = TokensSerializer(source="*")
-    cost_usd = serializers.DecimalField(
-        max_digits=14, decimal_places=6, allow_null=True, coerce_to_string=False
-    )
+    cost_usd = cost_field()
 
 
 class RunDetailSerializer(RunSerializer):

@@ -18,7 +18,7 @@ from replays.transcripts.base import (
     TokenUsage,
     TranscriptError,
 )
-from replays.transcripts.claude_code import looks_like_claude_line, parse_claude_code
+from replays.transcripts.claude_code import check_size, looks_like_claude_line, parse_claude_code
 from replays.transcripts.codex import LINE_TYPES as CODEX_LINE_TYPES
 from replays.transcripts.codex import parse_codex
 
@@ -97,17 +97,8 @@ def parse_transcript(path: Path, *, max_bytes: int = DEFAULT_MAX_BYTES) -> Parse
     Raises TranscriptError (naming the file) when it is larger than
     ``max_bytes``, empty, not UTF-8 text, or not a transcript.
     """
-    try:
-        size = path.stat().st_size
-    except OSError as exc:
-        raise TranscriptError(f"{path.name} cannot be read: {exc.strerror or exc}") from exc
     # Checked before sniffing so a huge file is refused without reading it.
-    if size > max_bytes:
-        raise TranscriptError(
-            f"{path.name} is {size} bytes, larger than the limit of {max_bytes} bytes"
-        )
-    if size == 0:
-        raise TranscriptError(f"{path.name} is empty")
+    check_size(path, max_bytes=max_bytes)
     kind = detect_kind(path)
     if kind == CODEX:
         return parse_codex(path, max_bytes=max_bytes)

@@ -80,16 +80,7 @@ class JsonLines:
         self.max_bytes = max_bytes
         self.problems: list[LineProblem] = []
         self.lines_read = 0  # non-blank lines, good or bad
-        try:
-            size = path.stat().st_size
-        except OSError as exc:
-            raise TranscriptError(f"{path.name} cannot be read: {exc.strerror or exc}") from exc
-        if size > max_bytes:
-            raise TranscriptError(
-                f"{path.name} is {size} bytes, larger than the limit of {max_bytes} bytes"
-            )
-        if size == 0:
-            raise TranscriptError(f"{path.name} is empty")
+        check_size(path, max_bytes=max_bytes)
 
     def __iter__(self) -> Iterator[tuple[int, Any]]:
         bytes_read = 0
@@ -147,6 +138,20 @@ class JsonLines:
 
 
 _SKIP = object()  # sentinel: the line produced no value (blank or a problem)
+
+
+def check_size(path: Path, *, max_bytes: int) -> None:
+    """Refuse a file that is missing, empty or over the limit, before reading any of it."""
+    try:
+        size = path.stat().st_size
+    except OSError as exc:
+        raise TranscriptError(f"{path.name} cannot be read: {exc.strerror or exc}") from exc
+    if size > max_bytes:
+        raise TranscriptError(
+            f"{path.name} is {size} bytes, larger than the limit of {max_bytes} bytes"
+        )
+    if size == 0:
+        raise TranscriptError(f"{path.name} is empty")
 
 
 def looks_like_claude_line(value: object) -> bool:
