@@ -4,7 +4,7 @@ from django.contrib import admin
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from replays.models import Batch, LaunchError, Plan, Review, Run, Thread, Turn
+from replays.models import Batch, LaunchError, Plan, Report, Review, Run, Thread, Turn
 
 TOKEN_READONLY = (
     "input_tokens",
@@ -173,8 +173,18 @@ class BatchAdmin(admin.ModelAdmin):
         return False
 
 
+class ProtocolReadOnlyAdmin(admin.ModelAdmin):
+    """Rows that change only through the services (evaluation, the protocol)."""
+
+    def get_readonly_fields(self, request: HttpRequest, obj: object = None) -> list[str]:
+        return [field.name for field in self.model._meta.fields]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+
 @admin.register(Run)
-class RunAdmin(admin.ModelAdmin):
+class RunAdmin(ProtocolReadOnlyAdmin):
     list_display = (
         "id",
         "batch",
@@ -190,14 +200,8 @@ class RunAdmin(admin.ModelAdmin):
     )
     list_filter = ("status", "phase", "failure_code", "host", "model")
     search_fields = ("model", "thread__title", "failure_message", "host")
+    # A run changes only through the protocol (dispatch, coordinator, reconcile, cancel).
     list_select_related = ("batch", "thread")
-
-    def get_readonly_fields(self, request: HttpRequest, obj: object = None) -> list[str]:
-        # A run changes only through the protocol (dispatch, coordinator, reconcile, cancel).
-        return [field.name for field in Run._meta.fields]
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
 
 
 @admin.register(LaunchError)
@@ -212,24 +216,38 @@ class LaunchErrorAdmin(admin.ModelAdmin):
 
 
 @admin.register(Review)
-class ReviewAdmin(admin.ModelAdmin):
+class ReviewAdmin(ProtocolReadOnlyAdmin):
     list_display = (
+        "id",
         "thread",
         "start_message_uuid",
         "end_message_uuid",
         "evaluator",
         "status",
+        cost_display,
+        "seconds",
         "created_at",
     )
     list_filter = ("status", "evaluator")
-    search_fields = ("thread__title", "evaluator")
-    readonly_fields = (
-        "thread",
-        "start_message_uuid",
-        "end_message_uuid",
+    search_fields = ("thread__title", "evaluator", "error")
+    list_select_related = ("thread",)
+
+
+@admin.register(Report)
+class ReportAdmin(ProtocolReadOnlyAdmin):
+    list_display = (
+        "id",
+        "run",
+        "status",
+        "is_current",
+        "winner",
+        "score_historical",
+        "score_replay",
+        "consistent",
         "evaluator",
-        "checks",
-        "cost_usd",
+        "prompt_version",
         "created_at",
-        "updated_at",
     )
+    list_filter = ("status", "is_current", "winner", "consistent", "evaluator", "prompt_version")
+    search_fields = ("run__model", "run__thread__title", "evaluator", "reason")
+    list_select_related = ("run",)

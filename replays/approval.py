@@ -86,6 +86,16 @@ def approve_plan(
             details={"blockers": plan.blockers, "questions": plan.questions},
         )
     changes, current = protected_input_changes(plan)
+    evaluator, blockers, _ = planning.resolve_plan_evaluator(plan.configuration)
+    if evaluator != plan.evaluator or blockers:
+        changes.append(
+            {
+                "thread_id": None,
+                "input": "evaluator",
+                "message": f"the evaluator changed ({plan.evaluator or 'none'} at prepare, "
+                f"{evaluator or 'none'} now{': ' + blockers[0] if blockers else ''})",
+            }
+        )
     if changes:
         raise ApprovalError(
             "Inputs changed since prepare: "
@@ -172,6 +182,10 @@ def run_configuration(
         "request": request,
         "timeout_seconds": plan.configuration["timeout_seconds"],
         "verify_command": plan.configuration["verify_command"],
+        "test_paths": planning.effective_test_paths(plan.configuration),
+        "evaluator": plan.evaluator,
+        # What the agent knows before the request: the request alone, for now.
+        "context": "cold",
         "prepared_configuration_sha256": prepared["prepared_configuration_sha256"][model],
     }
 
@@ -188,6 +202,7 @@ def _create_batch(
                 models_list=configuration["models"],
                 configuration=configuration,
                 thread_count=len(configuration["configurations"]),
+                evaluator=plan.evaluator,
                 approved_at=timezone.now(),
             )
             runs = []

@@ -36,7 +36,7 @@ from django.conf import settings
 from django.db import DatabaseError, close_old_connections, connections
 from django.utils import timezone
 
-from replays import agents, pricing, processes, repos
+from replays import agents, pricing, processes, repos, runfolder
 from replays.agents.base import (
     Agent,
     AgentOutcome,
@@ -47,15 +47,19 @@ from replays.agents.base import (
     read_tail,
     write_private,
 )
+from replays.evaluation import report
 from replays.models import FailureCode, Run, RunPhase, RunStatus
 from replays.processes import ProcessIdentity, pause_point
+from replays.runfolder import (
+    AGENT_LOG,
+    CONFIGURATION_FILE,
+    FULL_DIFF_FILE,
+    REQUEST_FILE,
+    WORKSPACE,
+)
 
 logger = logging.getLogger(__name__)
 
-CONFIGURATION_FILE = "configuration.json"
-REQUEST_FILE = "request.md"
-AGENT_LOG = "agent.log"
-WORKSPACE = "workspace"
 # How often the wait loop looks at the agent; heartbeats are much rarer.
 POLL_SECONDS = 0.1
 # A failure message quotes this much of the agent's words at most.
@@ -69,6 +73,13 @@ class RunGone(Exception):
 
 class CoordinatorStopped(Exception):
     """This process was asked to stop (SIGTERM/SIGINT)."""
+
+
+class CancelledWhileReviewing(Exception):
+    """A cancel arrived while the run's result was being tested or judged."""
+
+    def __str__(self) -> str:
+        return "the run was cancelled"
 
 
 @dataclass
@@ -114,7 +125,7 @@ def _start(run_id: int) -> bool:
     """The compare-and-set that makes a member start at most once."""
     me = processes.own_identity()
     now = timezone.now()
-    run_dir = Path(settings.REPLAYS_RUN_ROOT) / f"run-{run_id}"
+    run_dir = runfolder.run_folder(run_id)
     started = Run.objects.filter(
         pk=run_id, status=RunStatus.LAUNCHING, cancel_requested_at__isnull=True
     ).update(
@@ -154,6 +165,7 @@ class _Member:
         self.agent_identity: ProcessIdentity | None = None
         self.adapter: Agent | None = None
         self.agent_finished = False
+        self._next_review_beat = 0.0
 
     def execute(self) -> str:
         try:
@@ -213,7 +225,7 @@ class _Member:
         if self._cancel_requested():
             return _Result(RunStatus.CANCELLED)
         pause_point("coordinator_before_agent")
-        env = _agent_environment(invocation.env, run_id=self.run.pk)
+        env = runfolder.agent_environment(invocation.env, run_id=self.run.pk)
         started = time.monotonic()
         self.agent, self.agent_identity = processes.spawn(
             invocation.argv,
@@ -269,7 +281,75 @@ class _Member:
                 result.failure_code = FailureCode.AGENT_ERROR
                 result.failure_message = outcome.error or "The agent reported an error."
         self._collect_diff(result, baseline)
+        if result.status == RunStatus.COMPLETED:
+            self._review(result)
         return result
+
+    def _review(self, result: _Result) -> None:
+        """Test the run's tree, then judge it against history (phase `reviewing`).
+
+        The run's own results are stored first, so a coordinator lost while reviewing
+        leaves them. A cancel meanwhile stops the review and cancels the run (its
+        results kept); problems of the review itself end in a `review_failed` report,
+        never in a failed run.
+        """
+        outcome = result.outcome
+        self._update(
+            phase=RunPhase.REVIEWING,
+            diff=result.diff,
+            files_changed=result.files_changed,
+            exit_code=result.exit_code,
+            wall_seconds=result.wall_seconds,
+            model_seconds=outcome.model_seconds,
+            cost_usd=_rounded(outcome.cost_usd),
+            **outcome.usage.as_dict(),
+        )
+        try:
+            with _heartbeat_in_background(self.run.pk):
+                self._test_and_judge()
+        except CancelledWhileReviewing:
+            logger.info("Run %s: cancel requested while reviewing.", self.run.pk)
+            result.status = RunStatus.CANCELLED
+        except report.JudgmentGone:
+            self._note(["The judgment of this run was marked lost by a reconcile."])
+
+    def _test_and_judge(self) -> None:
+        configuration = self.configuration
+        run = Run.objects.select_related("thread", "batch").get(pk=self.run.pk)
+        try:
+            historical_diff = repos.historical_diff(
+                Path(configuration["repository"]),
+                configuration["baseline_commit"],
+                configuration["ending_commit"],
+            )
+            tests = report.test_run_tree(
+                run, tree=self.workspace, historical_diff=historical_diff, tick=self._review_tick
+            )
+        except repos.GitError as exc:
+            # The judgment meets the same problem and says so in its report.
+            self._note([f"The run's tree could not be tested: {_describe(exc)}"])
+            tests = None
+        if tests is not None:
+            self._update(tree_tests=tests.as_dict())
+        # The worktree is not needed any more: the diff and the tests are stored.
+        self._remove_worktree()
+        self.worktree_added = False
+        evaluator = str(configuration.get("evaluator") or run.batch.evaluator)
+        judgment = report.start_judgment(
+            run=run, evaluator=evaluator, holder=processes.own_identity()
+        )
+        report.judge_report(
+            report_id=judgment.pk, requested_at=run.batch.approved_at, tick=self._review_tick
+        )
+
+    def _review_tick(self) -> None:
+        """Heartbeat and cancel check while testing and judging (called often; beats rarely)."""
+        now = time.monotonic()
+        if now < self._next_review_beat:
+            return
+        self._next_review_beat = now + float(settings.REPLAYS_HEARTBEAT_SECONDS)
+        if self._heartbeat():
+            raise CancelledWhileReviewing()
 
     def _partial_outcome(self, adapter: Agent, context: RunContext) -> AgentOutcome:
         """What a stopped agent used before it was stopped (its tokens were spent anyway);
@@ -383,7 +463,7 @@ class _Member:
             "exit_code": result.exit_code,
             "wall_seconds": result.wall_seconds,
             "model_seconds": outcome.model_seconds,
-            "cost_usd": pricing.round_usd(cost) if isinstance(cost, Decimal) else None,
+            "cost_usd": _rounded(cost),
             "diff": result.diff,
             "files_changed": result.files_changed,
             "log_tail": self._log_tail(),
@@ -462,18 +542,6 @@ class _Member:
 
 # --- process helpers ---------------------------------------------------------------
 
-_HIDDEN_FROM_AGENTS = {
-    # Ours: the agent runs commands a model chose; it gets no database or secret key, and
-    # a Django project it works on must not pick up our settings module.
-    "DATABASE_URL",
-    "REDIS_URL",
-    "SECRET_KEY",
-    "DJANGO_SETTINGS_MODULE",
-    # Inherited from a git hook or shell, these would point the agent's git at another
-    # repository than its worktree.
-    *repos.GIT_LOCATION_VARIABLES,
-}
-
 
 @contextmanager
 def _heartbeat_in_background(run_id: int) -> Iterator[None]:
@@ -507,21 +575,6 @@ def _heartbeat_in_background(run_id: int) -> Iterator[None]:
     finally:
         stop.set()
         thread.join()
-
-
-def _agent_environment(extra: dict[str, str], *, run_id: int) -> dict[str, str]:
-    """The coordinator's environment without our own secrets, plus the adapter's additions.
-
-    The agent runs commands a model chose: it gets no database URL or secret key.
-    """
-    env = {
-        key: value
-        for key, value in os.environ.items()
-        if key not in _HIDDEN_FROM_AGENTS and not key.startswith("REPLAYS_")
-    }
-    env.update(extra)
-    env["REPLAYS_RUN_ID"] = str(run_id)
-    return env
 
 
 def _exit_status(pid: int) -> int | None:
@@ -595,9 +648,6 @@ def _message(text: str) -> str:
     return text
 
 
-FULL_DIFF_FILE = "workspace.diff"
-
-
 def _storable(diff: str) -> str:
     """The diff as the database can hold it (repos keeps diffs valid UTF-8; this is a backstop)."""
     try:
@@ -605,6 +655,10 @@ def _storable(diff: str) -> str:
         return diff
     except UnicodeEncodeError:
         return diff.encode("utf-8", errors="surrogateescape").decode("utf-8", errors="replace")
+
+
+def _rounded(cost: Decimal | None) -> Decimal | None:
+    return pricing.round_usd(cost) if isinstance(cost, Decimal) else None
 
 
 def _duration(seconds: float) -> str:

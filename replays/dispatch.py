@@ -29,16 +29,18 @@ from django.utils import timezone
 
 from replays import processes, repos
 from replays.agents.base import read_tail
-from replays.coordinator import AGENT_LOG
 from replays.models import (
     Batch,
     FailureCode,
     LaunchError,
     LaunchErrorCode,
+    Report,
+    ReportStatus,
     Run,
     RunPhase,
     RunStatus,
 )
+from replays.runfolder import AGENT_LOG, COORDINATOR_LOG, run_folder
 
 logger = logging.getLogger(__name__)
 
@@ -47,11 +49,6 @@ SLOT_STATUSES = [RunStatus.LAUNCHING, RunStatus.RUNNING]
 # Every dispatcher takes this PostgreSQL advisory lock before counting and claiming.
 CLAIM_LOCK_KEY = 0x5245504C  # "REPL"
 LAUNCHER_STOPPED = "Launcher stopped before the agent started"
-COORDINATOR_LOG = "coordinator.log"
-
-
-def run_folder(run_id: int) -> Path:
-    return Path(settings.REPLAYS_RUN_ROOT) / f"run-{run_id}"
 
 
 def launcher_identity(host: str) -> str:
@@ -267,6 +264,7 @@ class ReconcileReport:
     launch_failed: int = 0
     coordinator_lost: int = 0
     cancelled: int = 0
+    judgments_lost: int = 0
     lines: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
@@ -274,6 +272,7 @@ class ReconcileReport:
             "launch_failed": self.launch_failed,
             "coordinator_lost": self.coordinator_lost,
             "cancelled": self.cancelled,
+            "judgments_lost": self.judgments_lost,
             "lines": list(self.lines),
         }
 
@@ -286,7 +285,40 @@ def reconcile_runs(*, now: datetime | None = None) -> ReconcileReport:
         _reconcile_launching(run, now, report)
     for run in Run.objects.filter(status=RunStatus.RUNNING).order_by("id"):
         _reconcile_running(run, now, report)
+    for judgment in Report.objects.filter(status=ReportStatus.JUDGING).order_by("id"):
+        _reconcile_judgment(judgment, now, report)
     return report
+
+
+def _reconcile_judgment(judgment: Report, now: datetime, report: ReconcileReport) -> None:
+    """A judgment whose process is gone is lost (never judged again by itself): same host,
+    its pid and create time no longer match; any host, its heartbeat is stale; a
+    judgment no process ever took, after the launch grace."""
+    host = settings.REPLAYS_HOST_NAME
+    last_sign = judgment.heartbeat_at or judgment.created_at
+    reason = ""
+    if judgment.pid is None:
+        grace = timedelta(seconds=settings.REPLAYS_LAUNCH_GRACE_SECONDS)
+        if judgment.created_at < now - grace:
+            reason = "no process took the judgment within the launch grace"
+    elif judgment.host == host and not processes.is_alive(judgment.pid, judgment.pid_create_time):
+        reason = f"its process (pid {judgment.pid} on {host}) stopped before it finished"
+    elif last_sign < now - timedelta(seconds=settings.REPLAYS_HEARTBEAT_STALE_SECONDS):
+        seconds = (now - last_sign).total_seconds()
+        reason = f"its process on {judgment.host or 'an unknown host'} sent no heartbeat for {seconds:.0f} s"
+    if not reason:
+        return
+    # Only if nothing moved since we looked: a heartbeat written meanwhile keeps it.
+    lost = Report.objects.filter(
+        pk=judgment.pk, status=ReportStatus.JUDGING, heartbeat_at=judgment.heartbeat_at
+    ).update(
+        status=ReportStatus.LOST,
+        reason=f"The judgment was lost: {reason}. Judge the run again to get a report.",
+        finished_at=now,
+    )
+    if lost:
+        report.judgments_lost += 1
+        report.lines.append(f"report {judgment.pk} of run {judgment.run_id}: lost ({reason})")
 
 
 def _reconcile_launching(run: Run, now: datetime, report: ReconcileReport) -> None:

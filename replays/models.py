@@ -10,7 +10,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import models
-from django.db.models import Exists, F, OuterRef, Q
+from django.db.models import Exists, F, OuterRef, Prefetch, Q
 from django.urls import reverse
 from django.utils import timezone
 
@@ -90,6 +90,23 @@ class OwnedQuerySet(models.QuerySet):  # type: ignore[type-arg]
 
 class RunQuerySet(OwnedQuerySet):
     owner_path = "batch__owner"
+
+    def with_current_report(self) -> RunQuerySet:
+        """Each run's current report fetched along (run.current_report asks no query)."""
+        return self.prefetch_related(
+            Prefetch(
+                "reports",
+                queryset=Report.objects.filter(is_current=True),
+                to_attr="current_reports",
+            )
+        )
+
+    @staticmethod
+    def waiting_for_results() -> Q:
+        """Runs a batch's final results still wait for: active ones, and completed ones
+        without a current report."""
+        reported = Exists(Report.objects.filter(run=OuterRef("pk"), is_current=True))
+        return Q(status__in=ACTIVE_RUN_STATUSES) | (Q(status=RunStatus.COMPLETED) & ~reported)
 
 
 class SourceKind(models.TextChoices):
@@ -215,6 +232,11 @@ class Plan(models.Model):
     blockers = models.JSONField(default=list, blank=True)
     questions = models.JSONField(default=list, blank=True)
     approval_prompt = models.CharField(max_length=500, blank=True)
+    # The evaluator that judges every run of the plan: named by the configuration, or
+    # resolved once at prepare; shown before approval and checked again at approval.
+    evaluator = models.CharField(max_length=MODEL_ID_LENGTH, blank=True)
+    # What the user should know before approving (no evaluator, a judge of the same family).
+    warnings = models.JSONField(default=list, blank=True)
     # Only the sha256 of the prepare token is kept; the token is shown once.
     token_hash = models.CharField(max_length=SHA256_LENGTH)
     created_at = models.DateTimeField(default=timezone.now)
@@ -258,6 +280,8 @@ class Batch(models.Model):
     models_list = models.JSONField(default=list)
     configuration = models.JSONField(default=dict)
     thread_count = models.PositiveIntegerField()
+    # A batch has one evaluator: every run is judged by it.
+    evaluator = models.CharField(max_length=MODEL_ID_LENGTH, blank=True)
     approved_at = models.DateTimeField(default=timezone.now)
 
     objects = OwnedQuerySet.as_manager()
@@ -291,10 +315,11 @@ class Batch(models.Model):
     @property
     def results_ready(self) -> bool:
         """Final results: every run ended and every completed run has its report."""
-        waiting = Q(status__in=ACTIVE_RUN_STATUSES) | Q(
-            status=RunStatus.COMPLETED, report__isnull=True
-        )
-        return not self.runs.filter(waiting).exists()
+        return not self.runs.filter(RunQuerySet.waiting_for_results()).exists()
+
+    @property
+    def runs_with_reports(self) -> RunQuerySet:
+        return Run.objects.filter(batch=self).select_related("thread").with_current_report()
 
     @property
     def launch_errors(self) -> models.QuerySet[LaunchError]:
@@ -369,7 +394,9 @@ class Run(TokenTotals):
     diff = models.TextField(blank=True)
     files_changed = models.PositiveIntegerField(default=0)
     log_tail = models.TextField(blank=True)
-    report = models.JSONField(null=True, blank=True)
+    # The verify command's outcome on the run's own tree (checks.TreeTests), taken before
+    # the worktree is removed, so the run can be judged again without it.
+    tree_tests = models.JSONField(null=True, blank=True)
 
     objects = RunQuerySet.as_manager()
 
@@ -426,6 +453,14 @@ class Run(TokenTotals):
     def is_finished(self) -> bool:
         return self.status in FINISHED_RUN_STATUSES
 
+    @property
+    def current_report(self) -> Report | None:
+        """The latest finished judgment of this run (None before the first one)."""
+        cached = getattr(self, "current_reports", None)  # set by a Prefetch
+        if cached is not None:
+            return cached[0] if cached else None
+        return self.reports.filter(is_current=True).first()
+
 
 class LaunchErrorCode(models.TextChoices):
     LAUNCH_FAILED = "launch_failed", "Launch failed"
@@ -459,18 +494,42 @@ class ReviewStatus(models.TextChoices):
     FAILED = "failed", "Failed"
 
 
-class Review(models.Model):
-    """The checks a request range required, derived once per (thread, range, evaluator)."""
+class Review(TokenTotals):
+    """The historical review of one range: the tests at the baseline and at the historical
+    ending, and the checks the request required, derived once and shared by every model of
+    every plan on that range (and evaluator, and verify command); another range never
+    reuses it. Claimed like a run: the process that created the row derives it, with a
+    heartbeat; the others wait, and take a stale claim over.
+
+    Token fields and cost_usd are the evaluator's, for deriving the checks.
+    """
 
     thread = models.ForeignKey(Thread, on_delete=models.CASCADE, related_name="reviews")
     start_message_uuid = models.CharField(max_length=200)
     end_message_uuid = models.CharField(max_length=200)
+    baseline_commit = models.CharField(max_length=COMMIT_LENGTH)
+    ending_commit = models.CharField(max_length=COMMIT_LENGTH)
+    historical_result_sha256 = models.CharField(max_length=SHA256_LENGTH)
     evaluator = models.CharField(max_length=MODEL_ID_LENGTH)
+    verify_command = models.TextField(blank=True)
+    test_paths = models.JSONField(default=list, blank=True)
+    # sha256 of the verify command and the test paths: part of the key (a long command
+    # cannot be in a unique index itself).
+    tests_digest = models.CharField(max_length=SHA256_LENGTH)
     status = models.CharField(
         max_length=20, choices=ReviewStatus.choices, default=ReviewStatus.PENDING
     )
+    # Who derives it ("host:pid@create_time") and their last sign of life.
+    claimed_by = models.CharField(max_length=320, blank=True)
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
+    # [{"id": "c1", "text": "...", "source": "evaluator" | "tests"}]
     checks = models.JSONField(default=list, blank=True)
-    cost_usd = models.DecimalField(max_digits=14, decimal_places=6, null=True, blank=True)
+    # {"baseline": TreeTests, "historical": TreeTests, "sets": TestSets, "test_files": [...]}
+    tests = models.JSONField(default=dict, blank=True)
+    prompt_version = models.CharField(max_length=40, blank=True)
+    # The prompt sent and the evaluator's raw reply, so every check can be audited.
+    audit = models.JSONField(default=dict, blank=True)
+    seconds = models.FloatField(null=True, blank=True)
     error = models.TextField(blank=True)
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(auto_now=True)
@@ -480,11 +539,167 @@ class Review(models.Model):
         constraints = [
             # Shared by every model of every plan on that range; another range never reuses it.
             models.UniqueConstraint(
-                fields=["thread", "start_message_uuid", "end_message_uuid", "evaluator"],
+                fields=[
+                    "thread",
+                    "start_message_uuid",
+                    "end_message_uuid",
+                    "baseline_commit",
+                    "ending_commit",
+                    "historical_result_sha256",
+                    "evaluator",
+                    "tests_digest",
+                ],
                 name="review_unique_range",
             ),
             _choices_check("status", ReviewStatus, "review_status_valid"),
+            # A failed review always says why.
+            models.CheckConstraint(
+                condition=~Q(status=ReviewStatus.FAILED) | ~Q(error=""),
+                name="review_failed_has_error",
+            ),
+            models.CheckConstraint(
+                condition=Q(seconds__isnull=True) | Q(seconds__gte=0),
+                name="review_seconds_gte_0",
+            ),
+            models.CheckConstraint(
+                condition=Q(cost_usd__isnull=True) | Q(cost_usd__gte=0),
+                name="review_cost_usd_gte_0",
+            ),
+            *_non_negative(TOKEN_FIELDS, "review"),
         ]
 
     def __str__(self) -> str:
         return f"Review of {self.thread} by {self.evaluator}"
+
+
+class ReportStatus(models.TextChoices):
+    JUDGING = "judging", "Judging"
+    JUDGED = "judged", "Judged"
+    REVIEW_FAILED = "review_failed", "Review failed"
+    LOST = "lost", "Lost"
+
+
+FINISHED_REPORT_STATUSES = [ReportStatus.JUDGED, ReportStatus.REVIEW_FAILED]
+
+
+class Winner(models.TextChoices):
+    HISTORICAL = "historical", "Historical"
+    REPLAY = "replay", "Replay"
+    TIE = "tie", "Tie"
+
+
+class Report(models.Model):
+    """One judgment of a run against history. A run may be judged again (another
+    evaluator) without running its agent again; the latest finished one is current.
+
+    While judging, the row is the judgment's claim: the process that judges it holds
+    it (host, pid and create time) and writes a heartbeat; reconcile marks a lost one
+    `lost`. The columns are what the leaderboard filters and counts; the rest is in
+    `data` (a versioned JSON document, see docs/reports.md).
+    """
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="reports")
+    review = models.ForeignKey(
+        Review, null=True, blank=True, on_delete=models.SET_NULL, related_name="reports"
+    )
+    status = models.CharField(
+        max_length=20, choices=ReportStatus.choices, default=ReportStatus.JUDGING
+    )
+    is_current = models.BooleanField(default=False)
+    # Null means "no winner" (not judged), which no choice stands for.
+    winner = models.CharField(  # noqa: DJ001
+        max_length=20, choices=Winner.choices, null=True, blank=True
+    )
+    score_historical = models.FloatField(null=True, blank=True)
+    score_replay = models.FloatField(null=True, blank=True)
+    # Both orders agreed (null when the evaluator judged in one pass, or not at all).
+    consistent = models.BooleanField(null=True, blank=True)
+    evaluator = models.CharField(max_length=MODEL_ID_LENGTH)
+    prompt_version = models.CharField(max_length=40, blank=True)
+    context = models.CharField(max_length=20, default="cold")
+    # The evaluator's own cost and time for this judgment (the replay's are on the run).
+    evaluator_cost_usd = models.DecimalField(max_digits=14, decimal_places=6, null=True, blank=True)
+    evaluator_seconds = models.FloatField(null=True, blank=True)
+    data = models.JSONField(default=dict, blank=True)
+    # Why the review failed or the judgment was lost.
+    reason = models.TextField(blank=True)
+    requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="requested_reports",
+    )
+    host = models.CharField(max_length=255, blank=True)
+    pid = models.PositiveIntegerField(null=True, blank=True)
+    pid_create_time = models.FloatField(null=True, blank=True)
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [
+            # One current report per run: what pages, the API and the leaderboard show.
+            models.UniqueConstraint(
+                fields=["run"], condition=Q(is_current=True), name="report_one_current_per_run"
+            ),
+            # Nothing is judged twice at once: one judgment in progress per run.
+            models.UniqueConstraint(
+                fields=["run"],
+                condition=Q(status=ReportStatus.JUDGING),
+                name="report_one_judging_per_run",
+            ),
+            _choices_check("status", ReportStatus, "report_status_valid"),
+            models.CheckConstraint(
+                condition=Q(winner__isnull=True) | Q(winner__in=Winner.values),
+                name="report_winner_valid",
+            ),
+            # A judged report names its winner; any other has none.
+            models.CheckConstraint(
+                condition=(Q(status=ReportStatus.JUDGED) & Q(winner__isnull=False))
+                | (~Q(status=ReportStatus.JUDGED) & Q(winner__isnull=True)),
+                name="report_winner_only_when_judged",
+            ),
+            # Only a finished judgment can be the current one.
+            models.CheckConstraint(
+                condition=Q(is_current=False) | Q(status__in=FINISHED_REPORT_STATUSES),
+                name="report_current_is_finished",
+            ),
+            # A review that failed, or a lost judgment, says why.
+            models.CheckConstraint(
+                condition=Q(status__in=[ReportStatus.JUDGING, ReportStatus.JUDGED]) | ~Q(reason=""),
+                name="report_failure_has_reason",
+            ),
+            models.CheckConstraint(
+                condition=Q(score_historical__isnull=True)
+                | (Q(score_historical__gte=0) & Q(score_historical__lte=1)),
+                name="report_score_historical_range",
+            ),
+            models.CheckConstraint(
+                condition=Q(score_replay__isnull=True)
+                | (Q(score_replay__gte=0) & Q(score_replay__lte=1)),
+                name="report_score_replay_range",
+            ),
+            models.CheckConstraint(
+                condition=Q(evaluator_cost_usd__isnull=True) | Q(evaluator_cost_usd__gte=0),
+                name="report_evaluator_cost_gte_0",
+            ),
+        ]
+        indexes = [
+            # The leaderboard and the consistency rates: current reports by evaluator.
+            models.Index(
+                fields=["evaluator", "prompt_version", "winner"],
+                condition=Q(is_current=True),
+                name="report_current_idx",
+            ),
+            # Reconcile: judgments in progress.
+            models.Index(
+                fields=["host", "status"],
+                condition=Q(status=ReportStatus.JUDGING),
+                name="report_judging_idx",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"Report {self.pk} of run {self.run_id} ({self.get_status_display()})"

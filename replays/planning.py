@@ -23,6 +23,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.utils import timezone
 
 from replays import agents, repos
+from replays.evaluation import checks, evaluators
 from replays.importing import file_sha256
 from replays.models import (
     MAX_MODELS_PER_PLAN,
@@ -39,6 +40,8 @@ MAX_REQUEST_BYTES = 1024 * 1024
 MAX_PATH_LENGTH = 4096
 MAX_TITLE_LENGTH = 500
 MAX_VERIFY_COMMAND_LENGTH = 4000
+MAX_TEST_PATHS = 20
+MAX_TEST_PATH_LENGTH = 200
 MIN_TIMEOUT_SECONDS = 10
 MAX_TIMEOUT_SECONDS = 24 * 60 * 60
 REQUEST_SEPARATOR = "\n\n---\n\n"
@@ -214,7 +217,14 @@ def normalise_configuration(raw: Any) -> dict[str, Any]:
     """
     if not isinstance(raw, dict):
         raise PlanInputError("The configuration must be a JSON object.")
-    unknown = set(raw) - {"configurations", "models", "timeout_seconds", "verify_command"}
+    unknown = set(raw) - {
+        "configurations",
+        "models",
+        "timeout_seconds",
+        "verify_command",
+        "evaluator",
+        "test_paths",
+    }
     if unknown:
         raise PlanInputError(
             f"Unknown fields: {', '.join(sorted(unknown))}.", details={"fields": sorted(unknown)}
@@ -258,12 +268,65 @@ def normalise_configuration(raw: Any) -> dict[str, Any]:
     verify = _optional_string(
         raw, "verify_command", max_length=MAX_VERIFY_COMMAND_LENGTH, where="verify_command"
     )
+    if verify is not None:
+        try:
+            shlex.split(verify)
+        except ValueError as exc:
+            raise PlanInputError(
+                f"verify_command cannot be split into words: {exc}.",
+                details={"field": "verify_command"},
+            ) from None
     return {
         "configurations": configurations,
         "models": normalise_models(raw.get("models")),
         "timeout_seconds": timeout,
         "verify_command": verify,
+        "evaluator": normalise_evaluator(raw.get("evaluator")),
+        "test_paths": normalise_test_paths(raw.get("test_paths")),
     }
+
+
+def normalise_evaluator(raw: Any) -> str | None:
+    """The evaluator's canonical id, or None: prepare then resolves one for the plan."""
+    if raw is None or (isinstance(raw, str) and not raw.strip()):
+        return None
+    if not isinstance(raw, str) or len(raw) > MODEL_ID_LENGTH or _has_control_characters(raw):
+        raise PlanInputError(
+            "evaluator must be `tests` or a model id.", details={"field": "evaluator"}
+        )
+    try:
+        return evaluators.resolve_evaluator(raw).id
+    except evaluators.UnknownEvaluator as exc:
+        raise PlanInputError(
+            str(exc), code="unknown_evaluator", details={"evaluator": raw.strip()}
+        ) from None
+
+
+def normalise_test_paths(raw: Any) -> list[str] | None:
+    """Globs naming the historical diff's test files; None means the default set."""
+    if raw is None:
+        return None
+    if not isinstance(raw, list) or len(raw) > MAX_TEST_PATHS:
+        raise PlanInputError(
+            f"test_paths must be a list of at most {MAX_TEST_PATHS} globs.",
+            details={"field": "test_paths"},
+        )
+    paths: list[str] = []
+    for value in raw:
+        if (
+            not isinstance(value, str)
+            or not value.strip()
+            or len(value) > MAX_TEST_PATH_LENGTH
+            or _has_control_characters(value)
+            or value.strip().startswith("/")
+        ):
+            raise PlanInputError(
+                "Each of test_paths is a relative glob such as `tests/**` or `test_*.py`.",
+                details={"field": "test_paths"},
+            )
+        if value.strip() not in paths:
+            paths.append(value.strip())
+    return paths
 
 
 def _normalise_thread_item(item: Any, index: int) -> dict[str, Any]:
@@ -498,7 +561,7 @@ def _next_session_start(thread: Thread) -> Any:
 
 
 def prepared_configuration_sha256(
-    prep: ThreadPreparation, model: str, configuration: dict[str, Any]
+    prep: ThreadPreparation, model: str, configuration: dict[str, Any], evaluator: str
 ) -> str:
     return fingerprint(
         {
@@ -513,12 +576,19 @@ def prepared_configuration_sha256(
             "end_message_uuid": prep.end_message_uuid,
             "timeout_seconds": configuration["timeout_seconds"],
             "verify_command": configuration["verify_command"],
+            "test_paths": effective_test_paths(configuration),
+            "evaluator": evaluator,
         }
     )
 
 
+def effective_test_paths(configuration: dict[str, Any]) -> list[str]:
+    paths = configuration.get("test_paths")
+    return list(paths) if paths is not None else list(checks.DEFAULT_TEST_PATHS)
+
+
 def prepare_thread(
-    thread: Thread, item: dict[str, Any], configuration: dict[str, Any]
+    thread: Thread, item: dict[str, Any], configuration: dict[str, Any], *, evaluator: str
 ) -> ThreadPreparation:
     """Resolve the thread once per model: every model must see the same baseline and result."""
     first: ThreadPreparation | None = None
@@ -551,7 +621,7 @@ def prepare_thread(
                 )
         if not (first.blockers or first.questions):
             first.prepared_configuration_sha256[model] = prepared_configuration_sha256(
-                first, model, configuration
+                first, model, configuration, evaluator
             )
     assert first is not None
     return first
@@ -579,6 +649,42 @@ def approval_prompt(configuration: dict[str, Any]) -> str:
     )
 
 
+def resolve_plan_evaluator(configuration: dict[str, Any]) -> tuple[str, list[str], list[str]]:
+    """The plan's one evaluator (named, or resolved by the fallback rule), the blockers that
+    stop it from judging, and warnings to show before approval. Decided again at approval,
+    where a different answer is a changed input."""
+    evaluator = configuration.get("evaluator") or evaluators.default_evaluator(
+        models=configuration["models"], verify_command=configuration["verify_command"]
+    )
+    if not evaluator:
+        return "", [], [NO_EVALUATOR]
+    try:
+        info = evaluators.resolve_evaluator(evaluator)
+    except evaluators.UnknownEvaluator as exc:
+        return evaluator, [str(exc)], []
+    if info.is_tests and not configuration["verify_command"]:
+        return info.id, [
+            "The `tests` evaluator scores from the verify command alone: give a verify command."
+        ], []
+    if not info.available:
+        return info.id, [f"The evaluator {info.id} cannot judge here: {info.reason}"], []
+    kin = [model for model in configuration["models"] if evaluators.same_family(info, model)]
+    warnings = []
+    if kin:
+        warnings.append(
+            f"The evaluator {info.id} runs on the same agent as {', '.join(kin)}: judges "
+            "tend to favour their own family; an evaluator of another family is fairer."
+        )
+    return info.id, [], warnings
+
+
+NO_EVALUATOR = (
+    "No evaluator can judge this plan, so its runs will not be judged: name one with "
+    "`evaluator`, give a verify command (for the offline `tests` evaluator), or configure "
+    "an agent that can judge."
+)
+
+
 # --- The service -----------------------------------------------------------------------
 
 
@@ -590,8 +696,10 @@ def prepare_plan(*, owner: AbstractBaseUser, raw_configuration: Any) -> Prepared
         info = agents.resolve_model(model)
         if not info.available:
             plan_blockers.append(f"Model {model} cannot run here: {info.reason}")
+    evaluator, evaluator_blockers, warnings = resolve_plan_evaluator(configuration)
+    plan_blockers += evaluator_blockers
     preparations = [
-        prepare_thread(thread, item, configuration)
+        prepare_thread(thread, item, configuration, evaluator=evaluator)
         for thread, item in zip(threads, configuration["configurations"], strict=True)
     ]
     blockers = plan_blockers + [b for prep in preparations for b in prep.blockers]
@@ -615,6 +723,8 @@ def prepare_plan(*, owner: AbstractBaseUser, raw_configuration: Any) -> Prepared
         approval_prompt=approval_prompt(configuration)
         if status == PlanStatus.READY_FOR_APPROVAL
         else "",
+        evaluator=evaluator,
+        warnings=warnings,
         # A plan that cannot be approved still gets a (never shown) token: the hash is unique.
         token_hash=hash_token(token),
         created_at=now,

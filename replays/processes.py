@@ -9,10 +9,11 @@ also reaches their grandchildren.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -155,6 +156,118 @@ def _signal_all(
             process.send_signal(sig)
         except psutil.NoSuchProcess:
             pass
+
+
+_ANSI_ESCAPE_RE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)")
+# C0 controls except tab and newline; NUL in particular cannot be stored in PostgreSQL text.
+_CONTROL_RE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+
+
+def plain_text(text: str) -> str:
+    """Text safe to store and show: no terminal escapes, no control characters but tab/newline.
+
+    Here, below Django, so that plain modules (evaluation.checks) can read the logs
+    of what they spawn without importing the agents package.
+    """
+    text = text.replace("\r\n", "\n").replace("\r", "\n")
+    return _CONTROL_RE.sub("", _ANSI_ESCAPE_RE.sub("", text))
+
+
+def read_tail(path: Path, *, max_bytes: int = 64 * 1024, max_lines: int = 200) -> str:
+    """The last lines of a process's log file as plain text ("" when it does not exist)."""
+    try:
+        with path.open("rb") as log:
+            log.seek(0, 2)
+            size = log.tell()
+            log.seek(max(0, size - max_bytes))
+            data = log.read()
+    except OSError:
+        return ""
+    if size > max_bytes:
+        # Cut at a line start: the first line read is usually a fragment.
+        newline = data.find(b"\n")
+        if 0 <= newline < len(data) - 1:
+            data = data[newline + 1 :]
+    lines = plain_text(data.decode("utf-8", errors="replace")).split("\n")
+    return "\n".join(lines[-max_lines:])
+
+
+# How often wait_for looks at the process; ticks (heartbeats) are usually much rarer.
+WAIT_POLL_SECONDS = 0.1
+
+
+def exit_status(process: subprocess.Popen[bytes]) -> int | None:
+    """The exit code of our child once it ended, without reaping it (None while it runs).
+
+    Left unreaped, the finished process still holds its process group id, so
+    kill_tree can stop what it left running in that group before it is reaped.
+    A negative code means killed by that signal, as subprocess reports it.
+    """
+    if process.returncode is not None:
+        return process.returncode
+    try:
+        info = os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        # Reaped elsewhere already; Popen may still know the code.
+        code = process.poll()
+        return -1 if code is None else code
+    if info is None:
+        return None
+    if info.si_code == os.CLD_EXITED:
+        return info.si_status
+    return -info.si_status
+
+
+def wait_for(
+    process: subprocess.Popen[bytes],
+    identity: ProcessIdentity,
+    *,
+    timeout_seconds: float,
+    tick: Callable[[], None] | None = None,
+    tick_seconds: float = 1.0,
+    grace_seconds: float = 3.0,
+) -> int | None:
+    """Wait for a process started by spawn; its exit code, or None when it timed out.
+
+    On timeout the whole tree is stopped (kill_tree) and reaped. After a normal
+    exit, whatever it left running in its group is stopped too (a test server, a
+    watcher), so nothing it started outlives it. `tick` is called every
+    tick_seconds while waiting (heartbeats, cancel checks); if it raises, the tree
+    is stopped and the exception goes on to the caller.
+    """
+    started = time.monotonic()
+    deadline = started + timeout_seconds
+    next_tick = started + tick_seconds
+    try:
+        while True:
+            code = exit_status(process)
+            if code is not None:
+                _stop(process, identity, grace_seconds=min(grace_seconds, 1.0))
+                return code
+            now = time.monotonic()
+            if now >= deadline:
+                _stop(process, identity, grace_seconds=grace_seconds)
+                return None
+            if tick is not None and now >= next_tick:
+                next_tick = now + tick_seconds
+                tick()
+            wake = min(deadline, next_tick) if tick is not None else deadline
+            time.sleep(min(WAIT_POLL_SECONDS, max(0.0, wake - time.monotonic())))
+    except BaseException:
+        # A raising tick, KeyboardInterrupt, a signal turned into an exception:
+        # the process must not keep running unwatched.
+        _stop(process, identity, grace_seconds=grace_seconds)
+        raise
+
+
+def _stop(
+    process: subprocess.Popen[bytes], identity: ProcessIdentity, *, grace_seconds: float
+) -> None:
+    """Stop the tree of a process we started, then reap it (no zombie left behind)."""
+    kill_tree(identity.pid, identity.create_time, grace_seconds=grace_seconds)
+    if process.poll() is None:
+        process.kill()
+        process.wait()
 
 
 def pause_point(name: str) -> None:

@@ -848,3 +848,53 @@ def digest_files(repo: Path, paths: list[str]) -> dict[str, str]:
                 hasher.update(chunk)
         digests[relative] = hasher.hexdigest()
     return digests
+
+
+# --- files at a commit -------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TreeEntry:
+    """One path in a commit's tree, as `git ls-tree` reports it."""
+
+    mode: int  # 0o100644, 0o100755, 0o120000 (symlink), 0o160000 (submodule), 0o040000 (folder)
+    kind: str  # "blob" | "tree" | "commit"
+    oid: str
+
+
+def tree_entry(repo: Path, commit: str, path: str) -> TreeEntry | None:
+    """What `path` is in `commit` (None when the commit has no such path)."""
+    _refuse_option(commit, "commit")
+    if not path or path.startswith("/"):
+        raise GitError(f"path {path!r} must be relative to the repository")
+    # Literal pathspecs: a test file named "test_[x].py" must not act as a glob.
+    result = _run_git(
+        repo,
+        ["ls-tree", "-z", "--full-tree", "--end-of-options", commit, "--", path],
+        env={"GIT_LITERAL_PATHSPECS": "1"},
+    )
+    for record in result.stdout.split(b"\0"):
+        info, _, name = record.partition(b"\t")
+        # ls-tree also lists a folder's own entry when asked for it; keep only the exact path.
+        if not info or os.fsdecode(name) != path:
+            continue
+        mode, kind, oid = info.decode("ascii").split(" ")
+        return TreeEntry(mode=int(mode, 8), kind=kind, oid=oid)
+    return None
+
+
+def file_mode_at(repo: Path, commit: str, path: str) -> int | None:
+    """The git mode of the file at `path` in `commit` (0o100755 is executable), None when absent."""
+    entry = tree_entry(repo, commit, path)
+    return entry.mode if entry is not None and entry.kind == "blob" else None
+
+
+def file_at(repo: Path, commit: str, path: str) -> bytes | None:
+    """The content of `path` in `commit` as bytes (a symlink's is its target), None when absent.
+
+    A folder or a submodule at that path is not a file: None as well.
+    """
+    entry = tree_entry(repo, commit, path)
+    if entry is None or entry.kind != "blob":
+        return None
+    return _run_git(repo, ["cat-file", "blob", entry.oid], timeout=SLOW_GIT_TIMEOUT_SECONDS).stdout

@@ -37,6 +37,7 @@ from replays.models import (
     Plan,
     PlanStatus,
     Run,
+    RunQuerySet,
     RunStatus,
     Thread,
     Turn,
@@ -575,12 +576,19 @@ def batch_list(request: HttpRequest) -> HttpResponse:
             unknown_cost=Count(
                 "runs", filter=Q(runs__status=RunStatus.COMPLETED, runs__cost_usd__isnull=True)
             ),
-            unreported=Count("runs", filter=Q(runs__status=RunStatus.COMPLETED, runs__report=None)),
             **by_status,
         )
         .order_by("-approved_at", "-id")
     )
     page = Paginator(batches, BATCHES_PER_PAGE).get_page(request.GET.get("page"))
+    page_ids = [batch.pk for batch in page.object_list]
+    unreported = dict(
+        Run.objects.filter(batch__in=page_ids, status=RunStatus.COMPLETED)
+        .filter(RunQuerySet.waiting_for_results())
+        .values("batch")
+        .annotate(count=Count("id"))
+        .values_list("batch", "count")
+    )
     titles: dict[int, list[Thread]] = {}
     runs = (
         Run.objects.filter(batch__in=[batch.pk for batch in page.object_list])
@@ -595,7 +603,7 @@ def batch_list(request: HttpRequest) -> HttpResponse:
     rows = []
     for batch in page.object_list:
         active = sum(getattr(batch, f"count_{value}") for value in ACTIVE_RUN_STATUSES)
-        state, state_label = batch_state(active=active, unreported=batch.unreported)
+        state, state_label = batch_state(active=active, unreported=unreported.get(batch.pk, 0))
         rows.append(
             {
                 "batch": batch,
@@ -629,9 +637,9 @@ def batch_detail(request: HttpRequest, pk: int) -> HttpResponse:
     batch = get_object_or_404(Batch.objects.visible_to(request.user).select_related("plan"), pk=pk)
     # A batch is shown whole, however old its runs are: no window here.
     runs = list(
-        batch.runs.select_related("thread").prefetch_related(
-            Prefetch("launch_errors", queryset=LaunchError.objects.order_by("id"))
-        )
+        batch.runs.select_related("thread")
+        .with_current_report()
+        .prefetch_related(Prefetch("launch_errors", queryset=LaunchError.objects.order_by("id")))
     )
     model_order = {model: index for index, model in enumerate(batch.models_list)}
     runs.sort(key=lambda run: (model_order.get(run.model, len(model_order)), run.pk))
@@ -642,7 +650,9 @@ def batch_detail(request: HttpRequest, pk: int) -> HttpResponse:
         thread = card.run.thread
         groups.setdefault(thread.pk, ThreadGroup(thread=thread, cards=[])).cards.append(card)
     active = sum(1 for run in runs if run.status in ACTIVE_RUN_STATUSES)
-    unreported = sum(1 for run in runs if run.status == RunStatus.COMPLETED and run.report is None)
+    unreported = sum(
+        1 for run in runs if run.status == RunStatus.COMPLETED and run.current_report is None
+    )
     state, state_label = batch_state(active=active, unreported=unreported)
     known = [run.cost_usd for run in runs if run.cost_usd is not None]
     finished_at = max((run.finished_at for run in runs if run.finished_at), default=None)
@@ -746,8 +756,8 @@ def run_detail(request: HttpRequest, pk: int) -> HttpResponse:
             "configuration_json": json.dumps(configuration, indent=2, ensure_ascii=False),
             "request_text": request_text,
             "report_json": (
-                json.dumps(run.report, indent=2, ensure_ascii=False)
-                if run.report is not None
+                json.dumps(report.data, indent=2, ensure_ascii=False)
+                if (report := run.current_report) is not None
                 else None
             ),
             "raw_diff_url": reverse("api-run-diff", args=[run.pk]),

@@ -165,6 +165,17 @@ DEFAULT_AGENTS: dict[str, dict[str, object]] = {
 }
 REPLAYS_AGENTS = _agents() if REPLAYS_AGENTS_FILE else DEFAULT_AGENTS
 
+# --- Evaluation ----------------------------------------------------------------------
+
+# The evaluator of a plan that names none: `tests` or a model id (AGENT:MODEL). Unset:
+# the first available judge-capable agent model, else `tests` when the plan has a verify
+# command, else the plan's first agent model.
+REPLAYS_DEFAULT_EVALUATOR = env_str("REPLAYS_DEFAULT_EVALUATOR")
+# One evaluator call (deriving the checks, one verdict) may take this long.
+REPLAYS_EVALUATOR_TIMEOUT_SECONDS = env_int("REPLAYS_EVALUATOR_TIMEOUT_SECONDS", 600, minimum=10)
+# A diff shown to the evaluator is cut beyond this many characters (with a marker it sees).
+REPLAYS_JUDGE_DIFF_CHARS = env_int("REPLAYS_JUDGE_DIFF_CHARS", 60_000, minimum=1000)
+
 # --- Application ---------------------------------------------------------------------
 
 INSTALLED_APPS = [

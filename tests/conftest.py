@@ -28,6 +28,19 @@ def fast_password_hashing(settings: Any) -> None:
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
+NO_AGENTS_FILE = FIXTURES / "agents-none.json"
+
+
+@pytest.fixture(autouse=True)
+def no_agents_unless_configured(settings: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No test reaches a real model: without this, a codex or claude on the machine's PATH
+    would be a default agent and evaluator. A test that needs agents configures them
+    (settings.REPLAYS_AGENTS here, REPLAYS_AGENTS_FILE for the processes it starts)."""
+    settings.REPLAYS_AGENTS = {}
+    monkeypatch.setenv("REPLAYS_AGENTS_FILE", str(NO_AGENTS_FILE))
+    monkeypatch.delenv("REPLAYS_DEFAULT_EVALUATOR", raising=False)
+
+
 @pytest.fixture
 def user(db: None) -> User:
     return User.objects.create_user("alice", "alice@example.com", "correct-horse-battery")

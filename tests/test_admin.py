@@ -7,7 +7,7 @@ from django.contrib.auth.models import User
 from django.test import Client
 from django.urls import reverse
 
-from replays.models import LaunchError, Review, Run, Thread
+from replays.models import LaunchError, Report, Review, Run, Thread
 from tests.run_factories import make_git_repo, make_run_graph
 
 pytestmark = pytest.mark.django_db
@@ -31,14 +31,29 @@ def graph(staff_user: User, tmp_path, make_thread) -> dict[str, object]:
     )
     LaunchError.objects.create(run=runs[0], code="spawn_error", message="<b>no such file</b>")
     thread = make_thread(title="Fix <the> bug")
-    Review.objects.create(
-        thread=thread, start_message_uuid="a", end_message_uuid="b", evaluator="empty"
+    review = Review.objects.create(
+        thread=thread,
+        start_message_uuid="a",
+        end_message_uuid="b",
+        baseline_commit=baseline,
+        ending_commit=ending,
+        historical_result_sha256="c" * 64,
+        evaluator="tests",
+        tests_digest="d" * 64,
+    )
+    Report.objects.create(
+        run=runs[0],
+        review=review,
+        status="review_failed",
+        is_current=True,
+        evaluator="tests",
+        reason="The <b>tests</b> could not run",
     )
     return {"batch": batch, "runs": runs, "thread": thread}
 
 
 @pytest.mark.parametrize(
-    "model", ["thread", "turn", "plan", "batch", "run", "launcherror", "review"]
+    "model", ["thread", "turn", "plan", "batch", "run", "launcherror", "review", "report"]
 )
 def test_every_model_has_a_working_list_search_and_change_page(
     admin_client: Client, graph, model: str

@@ -201,12 +201,12 @@ def test_log_text_keeps_markup_but_drops_control_characters(tmp_path: Path) -> N
 
 
 def test_the_agent_environment_hides_our_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
-    from replays.coordinator import _agent_environment
+    from replays.runfolder import agent_environment
 
     monkeypatch.setenv("DATABASE_URL", "postgres://secret")
     monkeypatch.setenv("SECRET_KEY", "secret")
     monkeypatch.setenv("REPLAYS_TEST_PAUSE_AT", "coordinator_agent_running")
-    env = _agent_environment({"EXTRA": "1"}, run_id=12)
+    env = agent_environment({"EXTRA": "1"}, run_id=12)
     assert env["REPLAYS_RUN_ID"] == "12" and env["EXTRA"] == "1"
     assert env["PATH"] == os.environ["PATH"]
     assert not {"DATABASE_URL", "SECRET_KEY", "REPLAYS_TEST_PAUSE_AT"} & set(env)

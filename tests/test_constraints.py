@@ -19,12 +19,16 @@ from replays.models import (
     LaunchError,
     Plan,
     PlanStatus,
+    Report,
+    ReportStatus,
     Review,
+    ReviewStatus,
     Run,
     RunStatus,
     SourceKind,
     Thread,
     Turn,
+    Winner,
 )
 
 Graph = dict[str, models.Model]
@@ -79,7 +83,23 @@ def graph(db: None, user: User) -> Graph:
         thread=thread,
         start_message_uuid="m-0",
         end_message_uuid="m-0",
+        baseline_commit="b" * 40,
+        ending_commit="e" * 40,
+        historical_result_sha256="c" * 64,
         evaluator="claude:claude-sonnet-4-5",
+        tests_digest="d" * 64,
+    )
+    report = Report.objects.create(
+        run=run,
+        review=review,
+        status=ReportStatus.JUDGED,
+        is_current=True,
+        winner=Winner.TIE,
+        score_historical=1.0,
+        score_replay=1.0,
+        consistent=True,
+        evaluator="tests",
+        finished_at=now,
     )
     return {
         "thread": thread,
@@ -89,6 +109,7 @@ def graph(db: None, user: User) -> Graph:
         "run": run,
         "launch_error": launch_error,
         "review": review,
+        "report": report,
     }
 
 
@@ -147,9 +168,39 @@ VIOLATIONS: dict[str, Callable[[Graph], models.Model]] = {
     "launch_error_code_valid": lambda g: clone(g["launch_error"], run=_other_run(g), code="boom"),
     "review_unique_range": lambda g: clone(g["review"]),
     "review_status_valid": lambda g: clone(g["review"], end_message_uuid="m-9", status="maybe"),
+    "review_failed_has_error": lambda g: clone(
+        g["review"], end_message_uuid="m-9", status=ReviewStatus.FAILED
+    ),
+    "review_seconds_gte_0": lambda g: clone(g["review"], end_message_uuid="m-9", seconds=-1.0),
+    "review_cost_usd_gte_0": lambda g: clone(g["review"], end_message_uuid="m-9", cost_usd=-1),
+    "report_one_current_per_run": lambda g: clone(g["report"]),
+    "report_one_judging_per_run": lambda g: _judging_twice(g),
+    "report_status_valid": lambda g: clone(g["report"], is_current=False, status="maybe"),
+    "report_winner_valid": lambda g: clone(g["report"], is_current=False, winner="nobody"),
+    "report_winner_only_when_judged": lambda g: clone(
+        g["report"], is_current=False, status=ReportStatus.JUDGED, winner=None
+    ),
+    "report_current_is_finished": lambda g: clone(
+        g["report"], run=_other_run(g), status=ReportStatus.JUDGING, winner=None
+    ),
+    "report_failure_has_reason": lambda g: clone(
+        g["report"], is_current=False, status=ReportStatus.LOST, winner=None
+    ),
+    "report_score_historical_range": lambda g: clone(
+        g["report"], is_current=False, score_historical=1.5
+    ),
+    "report_score_replay_range": lambda g: clone(g["report"], is_current=False, score_replay=-0.1),
+    "report_evaluator_cost_gte_0": lambda g: clone(
+        g["report"], is_current=False, evaluator_cost_usd=-1
+    ),
 }
-TOKEN_OWNERS = {"thread": "s-2", "turn": None, "run": None}
-for _owner in ("thread", "turn", "run"):
+
+
+def _judging_twice(g: Graph) -> Report:
+    clone(g["report"], is_current=False, status=ReportStatus.JUDGING, winner=None).save()
+    return clone(g["report"], is_current=False, status=ReportStatus.JUDGING, winner=None)
+
+for _owner in ("thread", "turn", "run", "review"):
     for _field in (
         "input_tokens",
         "output_tokens",
@@ -163,6 +214,7 @@ for _owner in ("thread", "turn", "run"):
                 "thread": {"session_id": "s-2"},
                 "turn": {"index": 1, "message_uuid": "m-1"},
                 "run": {"model": "m2"},
+                "review": {"end_message_uuid": "m-9"},
             }[owner]
             return clone(g[owner], **distinct, **{field: -1})
 

@@ -53,6 +53,7 @@ class ModelInfo:
     reason: str = ""  # why it is not available here
     model: str = ""  # the model as the agent names it ("" for the baselines)
     version: str = ""  # the installed agent's version, when it says
+    kind: str = BASELINE_AGENT  # the agent's kind (codex, claude_code, command) or "baseline"
 
     @property
     def is_baseline(self) -> bool:
@@ -101,6 +102,7 @@ def discover_models() -> list[ModelInfo]:
                 reason=reason,
                 model=model,
                 version=version,
+                kind=entry["kind"],
             )
             # dict keeps the first insertion's position when a later one replaces the value.
             found[model_id] = info
@@ -146,6 +148,7 @@ def _typed_by_hand(wanted: str, models: list[ModelInfo]) -> ModelInfo | None:
         reason=sibling.reason,
         model=model,
         version=sibling.version,
+        kind=sibling.kind,
     )
 
 
@@ -156,6 +159,16 @@ def adapter_for(model_id: str) -> Agent:
         return _BASELINES[info.id]()
     entry = settings.REPLAYS_AGENTS[info.agent]
     return KINDS[entry["kind"]].from_entry(info.agent, entry, info.model)
+
+
+def judge_unavailable_reason(info: ModelInfo) -> str:
+    """Why this model cannot act as an evaluator here ("" when it can)."""
+    if info.is_baseline:
+        return "A calibration baseline cannot judge."
+    if not info.available:
+        return info.reason
+    entry = settings.REPLAYS_AGENTS[info.agent]
+    return KINDS[entry["kind"]].judge_unavailable_reason(entry)
 
 
 def _check_agent(name: object, entry: object) -> type[ConfiguredAgent]:

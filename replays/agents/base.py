@@ -5,6 +5,10 @@ configuration) into an invocation (argv, extra environment, stdin), and after
 the process ended parses what it wrote into an outcome (final message, usage,
 cost, model time, error). The coordinator does the rest the same way for every
 agent: spawn, heartbeat, timeout, cancel, diff.
+
+In judge mode an adapter does the same for one evaluator call (a JudgeTask: a prompt
+and the schema of its answer) and reads back one JSON object (a JudgeAnswer); the
+helpers at the end let each kind do so with its run code.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import subprocess
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
@@ -29,6 +34,10 @@ VERSION_TIMEOUT_SECONDS = 10
 # How much of an agent's log an error message quotes.
 ERROR_LINES = 20
 ERROR_CHARS = 4000
+# An evaluator's answer is a small JSON object: anything larger is refused unread.
+MAX_ANSWER_BYTES = 1024 * 1024
+# How much of an unreadable answer its error message quotes.
+ANSWER_QUOTE_CHARS = 200
 
 _ANSI_ESCAPE_RE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)")
 # C0 controls except tab and newline; NUL in particular cannot be stored in PostgreSQL text.
@@ -77,10 +86,49 @@ class AgentOutcome:
     notes: list[str] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class JudgeTask:
+    """One call of an agent in judge mode: a prompt in, one structured answer out.
+
+    The evaluation layer builds it (replays.evaluation); the adapter turns it into an
+    invocation and reads the answer back. `folder` is a private, empty folder for this
+    call alone: the evaluator runs there (cwd), with no repository, and every file the
+    adapter writes (prompt, schema, answer, its own home) goes there too.
+    """
+
+    name: str  # "checks", "verdict-1", "verdict-2": unique within the folder's parent
+    prompt: str  # the whole prompt text
+    # JSON schema of the answer, strict-compatible (every object has
+    # additionalProperties: false and lists every property in required).
+    schema: Mapping[str, Any]
+    # The same task as data, for command judges that read it themselves.
+    inputs: Mapping[str, Any]
+    folder: Path
+    log_path: Path  # where the process's stdout and stderr go
+    prompt_file: Path  # the prompt, written (mode 0600) before judge_invocation is called
+
+
+@dataclass
+class JudgeAnswer:
+    """What one judge call gave back. A reply that cannot be read is not an exception:
+    `answer` is None and `error` says why, so the caller records it as a failed review."""
+
+    answer: dict[str, Any] | None = None
+    error: str = ""
+    raw: str = ""  # the reply as the evaluator wrote it (kept for audit)
+    usage: TokenUsage = field(default_factory=TokenUsage)
+    cost_usd: Decimal | None = None  # None means unknown, never $0
+    model_seconds: float | None = None
+    notes: list[str] = field(default_factory=list)
+
+
 class Agent(ABC):
     """One model of one agent, ready to run."""
 
     kind: ClassVar[str]
+    # Agents that can also act as an evaluator (judge mode) say so and implement
+    # judge_invocation and judge_answer.
+    can_judge: ClassVar[bool] = False
 
     @abstractmethod
     def invocation(self, context: RunContext) -> Invocation:
@@ -97,6 +145,19 @@ class Agent(ABC):
         """The agent's output made readable for the run's log tail (JSON event streams
         become lines a person reads). `text` may start in the middle of a line."""
         return text
+
+    def judge_invocation(self, task: JudgeTask) -> Invocation:
+        """argv, env and stdin that ask this model for one structured answer to `task`
+        (read-only, in task.folder); raises AgentSetupError when it cannot start."""
+        raise AgentSetupError(f"The {self.kind} agent cannot act as an evaluator.")
+
+    def judge_answer(self, task: JudgeTask, *, exit_code: int) -> JudgeAnswer:
+        """Read the structured answer the finished judge process left (log, files in
+        task.folder): the object, or None with the reason; usage, cost, model time."""
+        return JudgeAnswer(error=f"The {self.kind} agent cannot act as an evaluator.")
+
+    def judge_cleanup(self, task: JudgeTask) -> None:  # noqa: B027 (most copy nothing)
+        """Remove what must not outlive the judge process (copied credentials)."""
 
 
 def plain_text(text: str) -> str:
@@ -160,6 +221,12 @@ class ConfiguredAgent(Agent):
     def version(cls, entry: Mapping[str, Any]) -> str:
         """The installed agent's version ("" when unknown)."""
         return ""
+
+    @classmethod
+    def judge_unavailable_reason(cls, entry: Mapping[str, Any]) -> str:
+        """Why this agent cannot act as an evaluator here ("" when it can); the program
+        being missing is said by unavailable_reason."""
+        return "" if cls.can_judge else f"The {cls.kind} kind has no judge mode."
 
 
 def program_unavailable_reason(program: str, env: Mapping[str, str] | None = None) -> str:
@@ -278,6 +345,130 @@ def remove_seed_files(home: Path, seed_files: Mapping[str, str]) -> None:
     what the agent wrote there itself (its session file) stays with the run."""
     for target in seed_files:
         (home / target).unlink(missing_ok=True)
+
+
+# --- Judge mode: one structured answer ---------------------------------------------
+
+
+def judge_context(task: JudgeTask, model: str) -> RunContext:
+    """A judge call as the run code sees a run: task.folder is both its run folder and its
+    workspace (the agent's own home and usage file go there), the prompt its request. The
+    adapters thereby prepare, read and clean up a judge call with their run code."""
+    return RunContext(
+        run_id=0,
+        model=model,
+        configuration={},
+        run_dir=task.folder,
+        workspace=task.folder,
+        request_file=task.prompt_file,
+        log_path=task.log_path,
+    )
+
+
+def task_json(value: object) -> str:
+    """Compact JSON of a task's schema or inputs: Mappings of any kind become objects, and
+    values JSON has no type for (Decimal, Path, datetime) their text."""
+    return json.dumps(
+        value,
+        ensure_ascii=False,
+        separators=(",", ":"),
+        default=lambda item: dict(item) if isinstance(item, Mapping) else str(item),
+    )
+
+
+def judge_answer_from(
+    outcome: AgentOutcome, *, exit_code: int, reply: str = "", answer_file: Path | None = None
+) -> JudgeAnswer:
+    """What a finished judge process gave: its answer (the answer file's text when it wrote
+    one, else `reply`) read as a JSON object, unless the agent failed; usage, cost, model
+    time and notes from the outcome the adapter's run code read."""
+    judged = _judged_reply(outcome, exit_code=exit_code, reply=reply, answer_file=answer_file)
+    judged.usage = outcome.usage
+    judged.cost_usd = outcome.cost_usd
+    judged.model_seconds = outcome.model_seconds
+    judged.notes = [*outcome.notes, *judged.notes]
+    return judged
+
+
+def _judged_reply(
+    outcome: AgentOutcome, *, exit_code: int, reply: str, answer_file: Path | None
+) -> JudgeAnswer:
+    # A failed call's reply is not its verdict, even when it wrote one.
+    if exit_code != 0 or outcome.failed or outcome.error:
+        return JudgeAnswer(error=_judge_failure(outcome.error, exit_code))
+    try:
+        written = read_answer_file(answer_file) if answer_file is not None else ""
+    except ValueError as exc:
+        return JudgeAnswer(error=plain_text(str(exc)))
+    return parse_answer(written if written.strip() else reply)
+
+
+def _judge_failure(error: str, exit_code: int) -> str:
+    error = error.strip()
+    if exit_code != 0:
+        head = f"The evaluator exited with code {exit_code}"
+        error = f"{head}:\n{error}" if error else f"{head}."
+    return plain_text(error or "The evaluator reported a failure.")
+
+
+def read_answer_file(path: Path) -> str:
+    """The text of the answer file an evaluator wrote ("" when it wrote none), read no
+    further than MAX_ANSWER_BYTES; ValueError saying why it cannot be used."""
+    try:
+        # Non-blocking: a FIFO in its place must not hang the caller (it is refused below).
+        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return ""
+    except OSError as exc:
+        raise ValueError(
+            f"The evaluator's answer file {path.name} cannot be read: {exc.strerror or exc}"
+        ) from None
+    with os.fdopen(descriptor, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+            raise ValueError(f"The evaluator's answer {path.name} is not a regular file.")
+        data = handle.read(MAX_ANSWER_BYTES + 1)
+    if len(data) > MAX_ANSWER_BYTES:
+        raise ValueError(
+            f"The evaluator's answer file {path.name} is larger than 1 MiB: it was not read."
+        )
+    return data.decode("utf-8", errors="replace")
+
+
+def parse_answer(reply: str) -> JudgeAnswer:
+    """The evaluator's reply read as the JSON object it must be; answer None and why not
+    otherwise (the reply itself is kept in `raw` for audit)."""
+    if len(reply.encode("utf-8", errors="replace")) > MAX_ANSWER_BYTES:
+        return JudgeAnswer(error="The evaluator's answer is larger than 1 MiB: it was not read.")
+    raw = plain_text(reply)
+    text = reply.strip()
+    if not text:
+        return JudgeAnswer(error="The evaluator gave no answer.", raw=raw)
+    quoted = plain_text(text[:ANSWER_QUOTE_CHARS])
+    try:
+        # NaN and Infinity are not JSON, and no database stores them in a JSON column.
+        value = json.loads(text, parse_constant=_refuse_constant)
+    except (ValueError, RecursionError):
+        return JudgeAnswer(error=f"The evaluator's answer is not JSON: {quoted}", raw=raw)
+    if not isinstance(value, dict):
+        return JudgeAnswer(
+            error=f"The evaluator's answer is {_json_kind(value)}, not an object: {quoted}",
+            raw=raw,
+        )
+    return JudgeAnswer(answer=value, raw=raw)
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _json_kind(value: object) -> str:
+    if isinstance(value, list):
+        return "a JSON list"
+    if isinstance(value, str):
+        return "a JSON string"
+    if isinstance(value, bool):
+        return "JSON true/false"
+    return "JSON null" if value is None else "a JSON number"
 
 
 # --- Settings entries of agents that run a CLI (codex, claude_code) -----------------

@@ -25,6 +25,19 @@ holds its stderr, so lines that are not JSON are kept as plain text. The last ev
 is `result`: the final text, is_error, the main conversation's usage (sub-agents appear
 only in its per-model modelUsage, added here), Claude's own cost for everything
 (total_cost_usd) and the time spent waiting on the API (duration_api_ms).
+
+Judge mode (an evaluator's one structured answer), in the call's own empty FOLDER with
+HOME at FOLDER/claude-home as for a run: `binary -p --output-format stream-json
+--verbose --model MODEL --json-schema SCHEMA --tools "" --strict-mcp-config
+--permission-mode dontAsk [--max-budget-usd X] *args`, SCHEMA the compact JSON of the
+answer's schema, the prompt on stdin. Claude Code (2.1.197) then offers the model one
+tool, StructuredOutput: `--tools ""` takes away every built-in tool but that one,
+--strict-mcp-config every MCP server a seeded configuration names, and dontAsk refuses
+any tool not approved beforehand. The answer is one StructuredOutput call (the model
+is asked once more when it answers in text; an input that does not match the schema is
+refused and retried, up to 5 attempts, then the result is
+error_max_structured_output_retries), so no --max-turns is given. The result line then
+carries the object as `structured_output` (and as JSON text in `result`).
 """
 
 from __future__ import annotations
@@ -46,12 +59,16 @@ from replays.agents.base import (
     AgentSetupError,
     ConfiguredAgent,
     Invocation,
+    JudgeAnswer,
+    JudgeTask,
     RunContext,
     check_program_entry,
     check_seed_files,
     copy_seed_files,
     first_lines,
     json_event,
+    judge_answer_from,
+    judge_context,
     plain_text,
     program_unavailable_reason,
     program_version,
@@ -60,6 +77,7 @@ from replays.agents.base import (
     remove_seed_files,
     render_event_stream,
     seed_files_unavailable_reason,
+    task_json,
 )
 from replays.transcripts.base import TokenUsage, TranscriptError
 from replays.transcripts.claude_code import anthropic_usage, parse_claude_code
@@ -83,6 +101,15 @@ _OWN_FLAGS = {
     "--max-turns": "use 'max_turns'",
     "--max-budget-usd": "use 'max_budget_usd'",
 }
+# Flags of 'args' that would hand an evaluator tools or another schema: judge mode
+# offers it StructuredOutput alone (repeated, --tools adds to the list instead of replacing it).
+_JUDGE_CONFLICTS = {
+    "--tools": "it would add tools",
+    "--mcp-config": "it would add MCP servers' tools",
+    "--json-schema": "judge mode gives the answer's schema",
+}
+# Judge mode's permission mode: nothing that needs asking runs.
+JUDGE_PERMISSION_MODE = "dontAsk"
 # Environment the run's isolation depends on.
 _OWN_ENV = {
     "HOME": "each run gets its own HOME (copy what it needs with 'seed_files')",
@@ -114,6 +141,7 @@ _ONE_ARGUMENT_TOOLS = {
 
 class ClaudeCodeAgent(ConfiguredAgent):
     kind: ClassVar[str] = "claude_code"
+    can_judge: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -185,6 +213,10 @@ class ClaudeCodeAgent(ConfiguredAgent):
         return program_version(entry.get("binary", DEFAULT_BINARY), entry.get("env"))
 
     @classmethod
+    def judge_unavailable_reason(cls, entry: Mapping[str, Any]) -> str:
+        return judge_conflict(entry.get("args", []))
+
+    @classmethod
     def from_entry(cls, name: str, entry: Mapping[str, Any], model: str) -> ClaudeCodeAgent:
         return cls(
             name=name,
@@ -201,6 +233,17 @@ class ClaudeCodeAgent(ConfiguredAgent):
     # --- one run --------------------------------------------------------------------
 
     def invocation(self, context: RunContext) -> Invocation:
+        flags = ["--permission-mode", self.permission_mode]
+        if self.max_turns is not None:
+            flags += ["--max-turns", str(self.max_turns)]
+        return self._print(context, flags + self._budget(), mode=self.permission_mode)
+
+    def _budget(self) -> list[str]:
+        return [] if self.max_budget_usd is None else ["--max-budget-usd", str(self.max_budget_usd)]
+
+    def _print(self, context: RunContext, flags: list[str], *, mode: str) -> Invocation:
+        """`claude -p` with stream-json, `flags` and then 'args', in the context's
+        workspace (the caller's cwd) and own HOME, the request on stdin."""
         if self.model.startswith("-"):
             # A model typed by hand must not turn into an option of claude.
             raise AgentSetupError(f"'{self.model}' is not a model name.")
@@ -214,14 +257,9 @@ class ClaudeCodeAgent(ConfiguredAgent):
             "--verbose",
             "--model",
             self.model,
-            "--permission-mode",
-            self.permission_mode,
+            *flags,
+            *self.args,
         ]
-        if self.max_turns is not None:
-            argv += ["--max-turns", str(self.max_turns)]
-        if self.max_budget_usd is not None:
-            argv += ["--max-budget-usd", str(self.max_budget_usd)]
-        argv += self.args
         env = {
             **self.env,
             "HOME": str(home),
@@ -231,16 +269,13 @@ class ClaudeCodeAgent(ConfiguredAgent):
         }
         # No update checks, telemetry or error reports from inside a run.
         env.setdefault("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
-        if self._bypasses_permissions() and os.geteuid() == 0:
+        if self._bypasses_permissions(mode) and os.geteuid() == 0:
             # As root Claude refuses to skip permission checks outside a sandbox.
             env.setdefault("IS_SANDBOX", "1")
         return Invocation(argv=argv, env=env, stdin_path=context.request_file)
 
-    def _bypasses_permissions(self) -> bool:
-        return (
-            self.permission_mode == "bypassPermissions"
-            or "--dangerously-skip-permissions" in self.args
-        )
+    def _bypasses_permissions(self, mode: str) -> bool:
+        return mode == "bypassPermissions" or "--dangerously-skip-permissions" in self.args
 
     def cleanup(self, context: RunContext) -> None:
         remove_seed_files(context.run_dir / HOME_DIR, self.seed_files)
@@ -253,19 +288,26 @@ class ClaudeCodeAgent(ConfiguredAgent):
         return home
 
     def outcome(self, context: RunContext, *, exit_code: int) -> AgentOutcome:
+        return self._read_log(context, exit_code=exit_code)[0]
+
+    def _read_log(
+        self, context: RunContext, *, exit_code: int
+    ) -> tuple[AgentOutcome, StreamSummary]:
+        """The outcome, and the stream it was read from (judge mode reads its answer there)."""
         summary = StreamSummary()
         try:
             with context.log_path.open(encoding="utf-8", errors="replace") as log:
                 for event in _events(log):
                     summary.add(event)
         except OSError as exc:
-            return AgentOutcome(error=f"The agent's log could not be read: {exc}", failed=True)
+            failed = AgentOutcome(error=f"The agent's log could not be read: {exc}", failed=True)
+            return failed, summary
         if summary.result is None:
-            return self._outcome_without_result(context, summary)
+            return self._outcome_without_result(context, summary), summary
         outcome = result_outcome(summary.result, model=self.model)
         if exit_code != 0 and not outcome.error:
             outcome.error = readable_tail(self.render_log(read_tail(context.log_path)))
-        return outcome
+        return outcome, summary
 
     def _outcome_without_result(self, context: RunContext, summary: StreamSummary) -> AgentOutcome:
         """Claude ended without its result line (a crash, a bad flag): failed, usage from
@@ -298,6 +340,55 @@ class ClaudeCodeAgent(ConfiguredAgent):
 
     def render_log(self, text: str) -> str:
         return render_events(text)
+
+    # --- judge mode -----------------------------------------------------------------
+
+    def judge_invocation(self, task: JudgeTask) -> Invocation:
+        conflict = judge_conflict(self.args)
+        if conflict:
+            raise AgentSetupError(conflict)
+        flags = [
+            "--json-schema",
+            task_json(task.schema),
+            # No tool but StructuredOutput, which --json-schema adds.
+            "--tools",
+            "",
+            "--strict-mcp-config",
+            "--permission-mode",
+            JUDGE_PERMISSION_MODE,
+            *self._budget(),
+        ]
+        return self._print(judge_context(task, self.model), flags, mode=JUDGE_PERMISSION_MODE)
+
+    def judge_answer(self, task: JudgeTask, *, exit_code: int) -> JudgeAnswer:
+        outcome, summary = self._read_log(judge_context(task, self.model), exit_code=exit_code)
+        return judge_answer_from(
+            outcome, exit_code=exit_code, reply=structured_reply(summary.result or {})
+        )
+
+    def judge_cleanup(self, task: JudgeTask) -> None:
+        self.cleanup(judge_context(task, self.model))
+
+
+def judge_conflict(args: list[str]) -> str:
+    """Why 'args' keep this agent from judging ("" when they do not)."""
+    for arg in args:
+        flag = arg.split("=", 1)[0]
+        if flag in _JUDGE_CONFLICTS:
+            return (
+                f"This agent's 'args' give {flag}, which judge mode cannot take: "
+                f"{_JUDGE_CONFLICTS[flag]}."
+            )
+    return ""
+
+
+def structured_reply(result: Mapping[str, Any]) -> str:
+    """The evaluator's answer as JSON text: the StructuredOutput call's object when it
+    made one, else its final text (which should then be the JSON)."""
+    structured = result.get("structured_output")
+    if structured is not None:
+        return json.dumps(structured, ensure_ascii=False)
+    return _text(result.get("result"))
 
 
 # --- the result line ---------------------------------------------------------------------

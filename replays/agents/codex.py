@@ -16,6 +16,14 @@ With --json Codex writes one JSON event a line on stdout; the run's log also hol
 its stderr, so lines that are not JSON are kept as plain text. The last
 turn.completed carries the thread's cumulative usage (input includes cached
 reads); Codex reports no cost, so it comes from the price table.
+
+Judge mode (an evaluator's one structured answer), in the call's own empty FOLDER:
+`binary exec *args --json -C FOLDER -s read-only --skip-git-repo-check -m MODEL
+--output-schema FOLDER/answer-schema.json -o FOLDER/answer.txt -` with the prompt on
+stdin and CODEX_HOME at FOLDER/codex-home, prepared as for a run. Codex sends the schema
+as the Responses API's strict `text.format` (json_schema) and writes its last message,
+the JSON answer, to the -o file (left empty when the turn failed); the last
+agent_message of the event stream stands in when the file is empty.
 """
 
 from __future__ import annotations
@@ -36,12 +44,16 @@ from replays.agents.base import (
     AgentSetupError,
     ConfiguredAgent,
     Invocation,
+    JudgeAnswer,
+    JudgeTask,
     RunContext,
     check_program_entry,
     check_seed_files,
     copy_seed_files,
     first_lines,
     json_event,
+    judge_answer_from,
+    judge_context,
     plain_text,
     program_unavailable_reason,
     program_version,
@@ -50,6 +62,7 @@ from replays.agents.base import (
     remove_seed_files,
     render_event_stream,
     seed_files_unavailable_reason,
+    task_json,
     write_private,
 )
 from replays.transcripts.base import TokenUsage
@@ -60,6 +73,9 @@ SANDBOX_MODES = ("read-only", "workspace-write", "danger-full-access")
 # The run's own Codex home, inside the run folder.
 CODEX_HOME_DIR = "codex-home"
 CONFIG_TOML = "config.toml"
+# Judge mode's files in the call's folder: the answer's schema, and Codex's last message.
+SCHEMA_FILE = "answer-schema.json"
+ANSWER_FILE = "answer.txt"
 # What the log tail shows of a command's output, and of any one line.
 OUTPUT_LINES = 5
 LINE_CHARS = 300
@@ -72,6 +88,7 @@ _SHELLS = frozenset({"bash", "sh", "zsh", "dash"})
 
 class CodexAgent(ConfiguredAgent):
     kind: ClassVar[str] = "codex"
+    can_judge: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -144,6 +161,12 @@ class CodexAgent(ConfiguredAgent):
     # --- one run --------------------------------------------------------------------
 
     def invocation(self, context: RunContext) -> Invocation:
+        return self._exec(context, sandbox=self.sandbox)
+
+    def _exec(
+        self, context: RunContext, *, sandbox: str, extra: list[str] | None = None
+    ) -> Invocation:
+        """`codex exec` in the context's workspace and own CODEX_HOME, the request on stdin."""
         if self.model.startswith("-"):
             # A model typed by hand must not turn into an option of codex.
             raise AgentSetupError(f"'{self.model}' is not a model name.")
@@ -157,10 +180,11 @@ class CodexAgent(ConfiguredAgent):
             "-C",
             str(context.workspace),
             "-s",
-            self.sandbox,
+            sandbox,
             "--skip-git-repo-check",
             "-m",
             self.model,
+            *(extra or []),
             "-",  # the prompt is stdin
         ]
         return Invocation(
@@ -212,6 +236,31 @@ class CodexAgent(ConfiguredAgent):
 
     def render_log(self, text: str) -> str:
         return render_events(text)
+
+    # --- judge mode -----------------------------------------------------------------
+
+    def judge_invocation(self, task: JudgeTask) -> Invocation:
+        schema_file = task.folder / SCHEMA_FILE
+        # An evaluator only reads: it answers in its last message, it changes nothing.
+        invocation = self._exec(
+            judge_context(task, self.model),
+            sandbox="read-only",
+            extra=["--output-schema", str(schema_file), "-o", str(task.folder / ANSWER_FILE)],
+        )
+        write_private(schema_file, task_json(task.schema).encode("utf-8"))
+        return invocation
+
+    def judge_answer(self, task: JudgeTask, *, exit_code: int) -> JudgeAnswer:
+        outcome = self.outcome(judge_context(task, self.model), exit_code=exit_code)
+        return judge_answer_from(
+            outcome,
+            exit_code=exit_code,
+            answer_file=task.folder / ANSWER_FILE,
+            reply=outcome.final_message,
+        )
+
+    def judge_cleanup(self, task: JudgeTask) -> None:
+        self.cleanup(judge_context(task, self.model))
 
 
 # --- the event stream ------------------------------------------------------------------

@@ -9,6 +9,15 @@ each argv element (and env value); nothing goes through a shell. The command run
 the workspace. It may report usage as JSON in the file named by $REPLAYS_USAGE_FILE:
 {"input_tokens", "output_tokens", "cache_read_tokens", "cache_write_5m_tokens",
 "cache_write_1h_tokens", "cost_usd", "model_seconds", "model"}, all optional.
+
+Judge mode (an evaluator's one structured answer) needs the optional key
+"judge_command", an argv like "command", e.g.
+    ["python", "judge.py", "--model", "{model}", "{task_file}", "{answer_file}"]
+with the placeholders {model}, {task_file}, {answer_file} and {folder}, run in the
+call's own empty FOLDER with the prompt on stdin. FOLDER/task.json holds {"task",
+"prompt", "schema", "inputs"}; the program writes its answer, a JSON object matching
+the schema, to FOLDER/answer.json. $REPLAYS_TASK_FILE, $REPLAYS_ANSWER_FILE and
+$REPLAYS_USAGE_FILE (usage as above) name the three files.
 """
 
 from __future__ import annotations
@@ -25,16 +34,26 @@ from django.conf import settings
 from replays import pricing
 from replays.agents.base import (
     AgentOutcome,
+    AgentSetupError,
     ConfiguredAgent,
     Invocation,
+    JudgeAnswer,
+    JudgeTask,
     RunContext,
     error_from_log,
+    judge_answer_from,
+    judge_context,
     program_unavailable_reason,
+    task_json,
+    write_private,
 )
 from replays.transcripts.base import TokenUsage
 
 USAGE_FILE_NAME = "usage.json"
-PLACEHOLDERS = ("model", "request_file", "workspace", "run_dir")
+# Judge mode's files in the call's folder.
+TASK_FILE_NAME = "task.json"
+ANSWER_FILE_NAME = "answer.json"
+NO_JUDGE_COMMAND = "This agent has no judge_command."
 _TOKEN_KEYS = (
     "input_tokens",
     "output_tokens",
@@ -48,23 +67,28 @@ _MAX_USAGE_FILE_BYTES = 64 * 1024
 
 class CommandAgent(ConfiguredAgent):
     kind: ClassVar[str] = "command"
+    can_judge: ClassVar[bool] = True
 
-    def __init__(self, *, name: str, model: str, command: list[str], env: dict[str, str]) -> None:
+    def __init__(
+        self,
+        *,
+        name: str,
+        model: str,
+        command: list[str],
+        env: dict[str, str],
+        judge_command: list[str] | None = None,
+    ) -> None:
         self.name = name
         self.model = model
         self.command = command
         self.env = env
+        self.judge_command = judge_command
 
     @classmethod
     def check_entry(cls, entry: Mapping[str, Any]) -> None:
-        command = entry.get("command")
-        if (
-            not isinstance(command, list)
-            or not command
-            or not all(isinstance(part, str) for part in command)
-            or not command[0].strip()
-        ):
-            raise ValueError("'command' must be a non-empty list of strings")
+        _check_argv(entry.get("command"), "command")
+        if "judge_command" in entry:
+            _check_argv(entry["judge_command"], "judge_command")
         env = entry.get("env", {})
         if not isinstance(env, dict) or not all(
             isinstance(key, str) and key and isinstance(value, str) for key, value in env.items()
@@ -76,9 +100,22 @@ class CommandAgent(ConfiguredAgent):
         return program_unavailable_reason(entry["command"][0], entry.get("env", {}))
 
     @classmethod
+    def judge_unavailable_reason(cls, entry: Mapping[str, Any]) -> str:
+        judge_command = entry.get("judge_command")
+        if not judge_command:
+            return NO_JUDGE_COMMAND
+        # It may start another program than 'command' does.
+        return program_unavailable_reason(judge_command[0], entry.get("env", {}))
+
+    @classmethod
     def from_entry(cls, name: str, entry: Mapping[str, Any], model: str) -> CommandAgent:
+        judge_command = entry.get("judge_command")
         return cls(
-            name=name, model=model, command=list(entry["command"]), env=dict(entry.get("env", {}))
+            name=name,
+            model=model,
+            command=list(entry["command"]),
+            env=dict(entry.get("env", {})),
+            judge_command=list(judge_command) if judge_command else None,
         )
 
     def invocation(self, context: RunContext) -> Invocation:
@@ -88,9 +125,22 @@ class CommandAgent(ConfiguredAgent):
             "workspace": str(context.workspace),
             "run_dir": str(context.run_dir),
         }
+        usage_file = {"REPLAYS_USAGE_FILE": str(context.run_dir / USAGE_FILE_NAME)}
+        return self._invocation(self.command, values, usage_file)
+
+    def _invocation(
+        self,
+        command: list[str],
+        values: Mapping[str, str],
+        files: Mapping[str, str],
+        stdin_path: Path | None = None,
+    ) -> Invocation:
+        """`command` and the entry's env with `values` in place of their placeholders,
+        plus the environment naming our `files`."""
         env = {key: substitute(value, values) for key, value in self.env.items()}
-        env["REPLAYS_USAGE_FILE"] = str(context.run_dir / USAGE_FILE_NAME)
-        return Invocation(argv=[substitute(part, values) for part in self.command], env=env)
+        env.update(files)
+        argv = [substitute(part, values) for part in command]
+        return Invocation(argv=argv, env=env, stdin_path=stdin_path)
 
     def outcome(self, context: RunContext, *, exit_code: int) -> AgentOutcome:
         outcome = read_usage_file(context.run_dir / USAGE_FILE_NAME, model=self.model)
@@ -98,11 +148,56 @@ class CommandAgent(ConfiguredAgent):
             outcome.error = error_from_log(context.log_path)
         return outcome
 
+    # --- judge mode -----------------------------------------------------------------
+
+    def judge_invocation(self, task: JudgeTask) -> Invocation:
+        if not self.judge_command:
+            raise AgentSetupError(NO_JUDGE_COMMAND)
+        task_file = task.folder / TASK_FILE_NAME
+        answer_file = task.folder / ANSWER_FILE_NAME
+        data = {
+            "task": task.name,
+            "prompt": task.prompt,
+            "schema": task.schema,
+            "inputs": task.inputs,
+        }
+        write_private(task_file, task_json(data).encode("utf-8"))
+        values = {
+            "model": self.model,
+            "task_file": str(task_file),
+            "answer_file": str(answer_file),
+            "folder": str(task.folder),
+        }
+        files = {
+            "REPLAYS_TASK_FILE": str(task_file),
+            "REPLAYS_ANSWER_FILE": str(answer_file),
+            "REPLAYS_USAGE_FILE": str(task.folder / USAGE_FILE_NAME),
+        }
+        # The prompt goes on stdin as well, for programs that read it there.
+        return self._invocation(self.judge_command, values, files, stdin_path=task.prompt_file)
+
+    def judge_answer(self, task: JudgeTask, *, exit_code: int) -> JudgeAnswer:
+        outcome = self.outcome(judge_context(task, self.model), exit_code=exit_code)
+        return judge_answer_from(
+            outcome, exit_code=exit_code, answer_file=task.folder / ANSWER_FILE_NAME
+        )
+
+
+def _check_argv(command: object, key: str) -> None:
+    if (
+        not isinstance(command, list)
+        or not command
+        or not all(isinstance(part, str) for part in command)
+        or not command[0].strip()
+    ):
+        raise ValueError(f"'{key}' must be a non-empty list of strings")
+
 
 def substitute(text: str, values: Mapping[str, str]) -> str:
-    """Replace {name} placeholders; other braces stay as they are (this is not str.format)."""
-    for name in PLACEHOLDERS:
-        text = text.replace("{" + name + "}", values[name])
+    """Replace each {name} placeholder of `values` by its value; other braces stay as they
+    are (this is not str.format)."""
+    for name, value in values.items():
+        text = text.replace("{" + name + "}", value)
     return text
 
 

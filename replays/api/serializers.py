@@ -162,7 +162,21 @@ class RunConfigSerializer(serializers.Serializer):
     configurations = ThreadConfigurationSerializer(many=True)
     models = serializers.ListField(child=serializers.CharField(), min_length=1, max_length=8)
     timeout_seconds = serializers.IntegerField(required=False)
-    verify_command = serializers.CharField(required=False, allow_null=True)
+    verify_command = serializers.CharField(
+        required=False,
+        allow_null=True,
+        help_text="argv (no shell); {junit_xml} is replaced by a path for JUnit XML.",
+    )
+    evaluator = serializers.CharField(
+        required=False, allow_null=True, help_text="`tests` or a model id (GET /api/evaluators/)."
+    )
+    test_paths = serializers.ListField(
+        child=serializers.CharField(),
+        required=False,
+        allow_null=True,
+        help_text="Globs of the historical diff's test files (default: test_*.py, *_test.py, "
+        "tests/**, *.test.*, *_spec.*).",
+    )
 
 
 class ApprovalPromptSerializer(serializers.Serializer):
@@ -177,6 +191,10 @@ class PlanSerializer(serializers.Serializer):
     id = serializers.IntegerField()
     status = serializers.CharField()
     ready = serializers.BooleanField()
+    evaluator = serializers.CharField(
+        allow_blank=True, help_text="Judges every run: named, or resolved at prepare."
+    )
+    warnings = serializers.ListField(child=serializers.CharField())
     blockers = serializers.ListField(child=serializers.CharField())
     questions = QuestionSerializer(many=True)
     preparations = PreparationSerializer(many=True)
@@ -195,6 +213,63 @@ class ApproveInputSerializer(serializers.Serializer):
 class ThreadRefSerializer(serializers.Serializer):
     id = serializers.IntegerField()
     title = serializers.CharField()
+
+
+class ReportSummarySerializer(serializers.Serializer):
+    """A run's current report in brief (the whole report: GET /api/runs/{id}/report)."""
+
+    id = serializers.IntegerField()
+    status = serializers.CharField(help_text="judged or review_failed.")
+    winner = serializers.CharField(
+        allow_null=True, help_text="historical, replay or tie; null when not judged."
+    )
+    score_historical = serializers.FloatField(allow_null=True)
+    score_replay = serializers.FloatField(allow_null=True)
+    consistent = serializers.BooleanField(
+        allow_null=True, help_text="Both orders agreed; null for the tests evaluator."
+    )
+    evaluator = serializers.CharField()
+    reason = serializers.CharField(help_text="Why the review failed.")
+
+
+class ReportSerializer(serializers.Serializer):
+    """One judgment of a run: the columns, and the versioned document (docs/reports.md)."""
+
+    id = serializers.IntegerField()
+    run = serializers.IntegerField(source="run_id")
+    status = serializers.CharField()
+    current = serializers.BooleanField(source="is_current")
+    winner = serializers.CharField(allow_null=True)
+    score_historical = serializers.FloatField(allow_null=True)
+    score_replay = serializers.FloatField(allow_null=True)
+    consistent = serializers.BooleanField(allow_null=True)
+    evaluator = serializers.CharField()
+    prompt_version = serializers.CharField()
+    context = serializers.CharField()
+    evaluator_cost_usd = cost_field()
+    evaluator_seconds = serializers.FloatField(allow_null=True)
+    reason = serializers.CharField()
+    review = serializers.IntegerField(source="review_id", allow_null=True)
+    created_at = serializers.DateTimeField()
+    finished_at = serializers.DateTimeField(allow_null=True)
+    data = serializers.JSONField(help_text="The report document (schema 1, docs/reports.md).")
+
+
+class JudgeInputSerializer(serializers.Serializer):
+    approved = serializers.BooleanField(
+        required=False, help_text="Required (true) for a model evaluator: it costs money."
+    )
+    evaluator = serializers.CharField(
+        required=False, help_text="`tests` or a model id; default: the batch's evaluator."
+    )
+
+
+class EvaluatorSerializer(serializers.Serializer):
+    id = serializers.CharField()
+    label = serializers.CharField()
+    kind = serializers.CharField(help_text="tests, codex, claude_code or command.")
+    available = serializers.BooleanField()
+    reason = serializers.CharField(allow_blank=True)
 
 
 class RunSerializer(serializers.Serializer):
@@ -218,12 +293,17 @@ class RunSerializer(serializers.Serializer):
     files_changed = serializers.IntegerField()
     tokens = TokensSerializer(source="*")
     cost_usd = cost_field()
+    report = ReportSummarySerializer(
+        source="current_report", allow_null=True, help_text="The current report, in brief."
+    )
 
 
 class RunDetailSerializer(RunSerializer):
     configuration = serializers.JSONField()
     log_tail = serializers.CharField()
-    report = serializers.JSONField(allow_null=True)
+    tree_tests = serializers.JSONField(
+        allow_null=True, help_text="The verify command's outcome on the run's tree."
+    )
 
 
 class LaunchErrorSerializer(serializers.Serializer):
@@ -240,12 +320,13 @@ class BatchSerializer(serializers.Serializer):
     plan = serializers.IntegerField(source="plan_id")
     models = serializers.ListField(source="models_list", child=serializers.CharField())
     thread_count = serializers.IntegerField()
+    evaluator = serializers.CharField(help_text="Judges every run of the batch.")
     approved_at = serializers.DateTimeField()
     finished = serializers.BooleanField(help_text="Every run has ended.")
     results_ready = serializers.BooleanField(
         help_text="Every run ended and every completed run has its report."
     )
-    runs = RunSerializer(many=True)
+    runs = RunSerializer(many=True, source="runs_with_reports")
     launch_errors = LaunchErrorSerializer(many=True)
 
 

@@ -16,8 +16,11 @@ from replays.api.serializers import (
     ApprovalSerializer,
     ApproveInputSerializer,
     BatchSerializer,
+    EvaluatorSerializer,
+    JudgeInputSerializer,
     ModelInfoSerializer,
     PlanSerializer,
+    ReportSerializer,
     RunConfigSerializer,
     RunDetailSerializer,
     ThreadDetailSerializer,
@@ -25,6 +28,8 @@ from replays.api.serializers import (
     ThreadImportOutputSerializer,
     ThreadSerializer,
 )
+from replays.evaluation import evaluators
+from replays.evaluation import report as reports
 from replays.models import Batch, Plan, PlanStatus, Run, Thread
 
 
@@ -101,6 +106,8 @@ def _plan_body(plan: Plan, *, prepare_token: str | None = None) -> dict[str, obj
         "id": plan.pk,
         "status": plan.status,
         "ready": ready,
+        "evaluator": plan.evaluator,
+        "warnings": plan.warnings,
         "blockers": plan.blockers,
         "questions": plan.questions,
         "preparations": plan.preparations,
@@ -186,22 +193,73 @@ class BatchCancelView(APIView):
         return Response(BatchSerializer(batch).data)
 
 
+def _visible_run(request: Request, pk: int) -> Run:
+    return get_object_or_404(
+        Run.objects.visible_to(request.user).select_related("thread", "batch"), pk=pk
+    )
+
+
 class RunDetailView(APIView):
     @extend_schema(responses={200: RunDetailSerializer})
     def get(self, request: Request, pk: int) -> Response:
-        run = get_object_or_404(
-            Run.objects.visible_to(request.user).select_related("thread", "batch"), pk=pk
-        )
-        return Response(RunDetailSerializer(run).data)
+        return Response(RunDetailSerializer(_visible_run(request, pk)).data)
+
+
+class RunReportView(APIView):
+    @extend_schema(
+        responses={
+            200: ReportSerializer,
+            404: OpenApiResponse(description="No such run, or no report yet."),
+        },
+        description="The run's current report: the latest finished judgment.",
+    )
+    def get(self, request: Request, pk: int) -> Response:
+        run = _visible_run(request, pk)
+        current = run.current_report
+        if current is None:
+            raise ApiError(
+                code="no_report",
+                status_code=status.HTTP_404_NOT_FOUND,
+                message=f"Run {run.pk} has no report yet.",
+                details={"run": run.pk, "status": run.status, "phase": run.phase},
+            )
+        return Response(ReportSerializer(current).data)
+
+
+class RunJudgeView(APIView):
+    @extend_schema(
+        request=JudgeInputSerializer,
+        responses={
+            202: ReportSerializer,
+            400: OpenApiResponse(description="No approval for a model evaluator, or bad input."),
+            409: OpenApiResponse(description="Not completed, or a judgment is in progress."),
+        },
+        description="Judge a completed run again (its agent does not run again) in its own "
+        "process; the judging report comes back at once, the current one stays until it ends.",
+    )
+    def post(self, request: Request, pk: int) -> Response:
+        run = _visible_run(request, pk)
+        data = request.data if isinstance(request.data, dict) else {}
+        evaluator = data.get("evaluator")
+        if evaluator is not None and not isinstance(evaluator, str):
+            raise ApiError(code="invalid", message="evaluator must be a string.")
+        try:
+            judging = reports.request_judgment(
+                run=run, evaluator=evaluator, approved=data.get("approved"), user=request.user
+            )
+        except reports.JudgmentRefused as exc:
+            raise ApiError(code=exc.code, message=exc.message, status_code=exc.status) from None
+        except reports.JudgmentInProgress as exc:
+            raise ApiError(
+                code="judgment_in_progress", message=str(exc), status_code=status.HTTP_409_CONFLICT
+            ) from None
+        return Response(ReportSerializer(judging).data, status=status.HTTP_202_ACCEPTED)
 
 
 class RunCancelView(APIView):
     @extend_schema(request=None, responses={200: RunDetailSerializer})
     def post(self, request: Request, pk: int) -> Response:
-        run = get_object_or_404(
-            Run.objects.visible_to(request.user).select_related("thread", "batch"), pk=pk
-        )
-        run = dispatch.cancel_run(run=run)
+        run = dispatch.cancel_run(run=_visible_run(request, pk))
         return Response(RunDetailSerializer(run).data)
 
 
@@ -214,9 +272,7 @@ class RunDiffView(APIView):
         }
     )
     def get(self, request: Request, pk: int) -> HttpResponse:
-        run = get_object_or_404(
-            Run.objects.visible_to(request.user).select_related("thread", "batch"), pk=pk
-        )
+        run = _visible_run(request, pk)
         response = HttpResponse(run.diff, content_type="text/plain; charset=utf-8")
         response["Content-Disposition"] = f'inline; filename="run-{run.pk}.diff"'
         return response
@@ -226,3 +282,9 @@ class ModelListView(APIView):
     @extend_schema(responses={200: ModelInfoSerializer(many=True)})
     def get(self, request: Request) -> Response:
         return Response(ModelInfoSerializer(agents.discover_models(), many=True).data)
+
+
+class EvaluatorListView(APIView):
+    @extend_schema(responses={200: EvaluatorSerializer(many=True)})
+    def get(self, request: Request) -> Response:
+        return Response(EvaluatorSerializer(evaluators.discover_evaluators(), many=True).data)

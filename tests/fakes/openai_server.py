@@ -113,6 +113,22 @@ def by_prompt(
     return scripting.by_prompt(plans, conversation_position, fallback)
 
 
+def codex_provider_args(server: ScriptedServer, **settings: str) -> list[str]:
+    """`-c` options that make codex use ``server`` as its model provider "fake" (the key
+    in $FAKE_KEY); ``settings`` are more provider keys as TOML values, e.g.
+    ``request_max_retries="0"``."""
+    provider = {
+        "name": '"fake"',
+        "base_url": f'"{server.api_url}"',
+        "wire_api": '"responses"',
+        "env_key": '"FAKE_KEY"',
+        **settings,
+    }
+    pairs = ["model_provider=fake"]
+    pairs += [f"model_providers.fake.{key}={value}" for key, value in provider.items()]
+    return [arg for pair in pairs for arg in ("-c", pair)]
+
+
 def shell_arguments(tool_name: str, arguments: dict[str, Any]) -> dict[str, Any]:
     """Map a generic ``{"command": str}`` onto the shell tool Codex offered."""
     command = arguments.get("command")

@@ -11,8 +11,8 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.core.serializers.json import DjangoJSONEncoder
 
 from replays import approval, dispatch, planning
-from replays.formatting import duration, usd
-from replays.models import Batch, PlanStatus, Run, RunStatus
+from replays.formatting import DASH, duration, usd
+from replays.models import Batch, PlanStatus, Report, Run, RunStatus, Winner
 
 POLL_SECONDS = 1.0
 
@@ -48,7 +48,22 @@ class Command(BaseCommand):
         parser.add_argument("--baseline", help="Baseline commit (answers a baseline question).")
         parser.add_argument("--ending", help="Ending commit (answers an ending question).")
         parser.add_argument("--request", help="Replace the request text.")
-        parser.add_argument("--verify-command", help="A command that checks a run's result.")
+        parser.add_argument(
+            "--verify-command",
+            help="A command that checks a result, run in each tree (no shell); {junit_xml} "
+            "becomes a path it may write JUnit XML to.",
+        )
+        parser.add_argument(
+            "--evaluator",
+            help="Who judges the runs: `tests` or a model id (default: resolved by prepare).",
+        )
+        parser.add_argument(
+            "--test-path",
+            action="append",
+            dest="test_paths",
+            help="Glob of the historical diff's test files (repeat; default: test_*.py, "
+            "*_test.py, tests/**, *.test.*, *_spec.*).",
+        )
         parser.add_argument("--user", help="Who owns the plan (default: the only superuser).")
         parser.add_argument("--yes", action="store_true", help="Approve without asking.")
         parser.add_argument("--wait", action="store_true", help="Follow the runs until they end.")
@@ -146,6 +161,10 @@ class Command(BaseCommand):
             configuration["timeout_seconds"] = options["timeout"]
         if options["verify_command"]:
             configuration["verify_command"] = options["verify_command"]
+        if options["evaluator"]:
+            configuration["evaluator"] = options["evaluator"]
+        if options["test_paths"]:
+            configuration["test_paths"] = options["test_paths"]
         return configuration
 
     def describe(self, plan: Any) -> str:
@@ -156,6 +175,8 @@ class Command(BaseCommand):
                 f"{prep['baseline_commit'][:12]}..{prep['ending_commit'][:12]}"
             )
         lines.append(f"  models: {', '.join(plan.configuration['models'])}")
+        lines.append(f"  evaluator: {plan.evaluator or 'none (the runs will not be judged)'}")
+        lines += [f"  warning: {warning}" for warning in plan.warnings]
         return "\n".join(lines)
 
     def explain_unready(self, plan: Any) -> None:
@@ -227,7 +248,8 @@ class Command(BaseCommand):
                 f"Cancel: python manage.py cancel_runs --batch {batch.pk}"
             )
             return
-        self.stdout.write(self.table(list(batch.runs.select_related("thread").order_by("id"))))
+        runs = batch.runs.select_related("thread").with_current_report().order_by("id")
+        self.stdout.write(self.table(list(runs)))
         self.fail_if_unfinished(batch)
 
     def wait_quietly(self, batch: Batch) -> None:
@@ -257,16 +279,21 @@ class Command(BaseCommand):
 
     def table(self, runs: list[Run]) -> str:
         header = (
-            f"{'model':<28} {'thread':<24} {'status':<10} {'files':>5} {'time':>8} {'cost':>14}"
+            f"{'model':<28} {'thread':<24} {'status':<10} {'files':>5} {'time':>8} {'cost':>14} "
+            f"{'score h/r':>11} {'winner':<12}"
         )
         lines = [header, "-" * len(header)]
         for run in runs:
+            report = run.current_report
             lines.append(
                 f"{run.model[:28]:<28} {run.thread.title[:24]:<24} {run.status:<10} "
-                f"{run.files_changed:>5} {duration(run.wall_seconds):>8} {usd(run.cost_usd):>14}"
+                f"{run.files_changed:>5} {duration(run.wall_seconds):>8} {usd(run.cost_usd):>14} "
+                f"{score_text(report):>11} {winner_text(report):<12}"
             )
             if run.failure_message:
                 lines.append(f"    {run.failure_code}: {run.failure_message.splitlines()[0][:100]}")
+            if report is not None and report.winner is None:
+                lines.append(f"    not judged: {report.reason.splitlines()[0][:100]}")
         return "\n".join(lines)
 
     def print_json(self, batch: Batch) -> None:
@@ -282,10 +309,18 @@ class Command(BaseCommand):
                 "cost_usd": run.cost_usd,
                 "failure_code": run.failure_code,
                 "failure_message": run.failure_message,
+                "report": report_summary(run.current_report),
             }
-            for run in batch.runs.order_by("id")
+            for run in batch.runs.with_current_report().order_by("id")
         ]
-        body = {"batch": batch.pk, "plan": batch.plan_id, "finished": batch.finished, "runs": runs}
+        body = {
+            "batch": batch.pk,
+            "plan": batch.plan_id,
+            "evaluator": batch.evaluator,
+            "finished": batch.finished,
+            "results_ready": batch.results_ready,
+            "runs": runs,
+        }
         self.stdout.write(json.dumps(body, indent=2, cls=DjangoJSONEncoder))
 
     def fail_if_unfinished(self, batch: Batch) -> None:
@@ -293,3 +328,35 @@ class Command(BaseCommand):
         not_completed = [run for run in runs if run.status != "completed"]
         if not_completed:
             raise CommandError(f"{len(not_completed)} of {len(runs)} runs did not complete.")
+
+
+def score_text(report: Report | None) -> str:
+    """ "0.95 / 0.40": historical / replay; "—" when not judged."""
+    if report is None or report.score_replay is None or report.score_historical is None:
+        return DASH
+    return f"{report.score_historical:.2f} / {report.score_replay:.2f}"
+
+
+def winner_text(report: Report | None) -> str:
+    if report is None:
+        return DASH
+    if report.winner is None:
+        return "not judged"
+    if report.winner == Winner.TIE and report.consistent is False:
+        return "tie (split)"
+    return report.winner
+
+
+def report_summary(report: Report | None) -> dict[str, Any] | None:
+    if report is None:
+        return None
+    return {
+        "id": report.pk,
+        "status": report.status,
+        "winner": report.winner,
+        "score_historical": report.score_historical,
+        "score_replay": report.score_replay,
+        "consistent": report.consistent,
+        "evaluator": report.evaluator,
+        "reason": report.reason,
+    }

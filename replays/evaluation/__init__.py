@@ -1,0 +1,1 @@
+"""Evaluation: test checks, the shared historical review, blind judging, reports."""

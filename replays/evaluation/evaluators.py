@@ -1,0 +1,190 @@
+"""Which evaluators exist, and which one judges a plan.
+
+An evaluator id is `tests` (the built-in offline evaluator: scores from the test
+checks alone, no model) or a model id of an agent that has a judge mode
+(`AGENT:MODEL`, as in GET /api/models/). The calibration baselines never judge.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+
+from replays import agents, processes, runfolder
+from replays.agents.base import AgentSetupError, JudgeAnswer, JudgeTask, plain_text, write_private
+
+TESTS = "tests"
+TESTS_LABEL = "Tests only (offline, no model)"
+
+
+class UnknownEvaluator(ValueError):
+    """An evaluator id that names neither `tests` nor a known model."""
+
+
+@dataclass(frozen=True)
+class EvaluatorInfo:
+    id: str
+    label: str
+    kind: str  # "tests", or the agent's kind: codex, claude_code, command
+    available: bool
+    reason: str = ""  # why it cannot judge here
+    model: agents.ModelInfo | None = None  # None for `tests`
+
+    @property
+    def is_tests(self) -> bool:
+        return self.id == TESTS
+
+
+def _tests() -> EvaluatorInfo:
+    return EvaluatorInfo(id=TESTS, label=TESTS_LABEL, kind=TESTS, available=True)
+
+
+def _from_model(info: agents.ModelInfo) -> EvaluatorInfo:
+    reason = agents.judge_unavailable_reason(info)
+    return EvaluatorInfo(
+        id=info.id,
+        label=info.label,
+        kind=info.kind,
+        available=not reason,
+        reason=reason,
+        model=info,
+    )
+
+
+def discover_evaluators() -> list[EvaluatorInfo]:
+    """`tests` first, then every agent model in discovery order, judge-capable or not
+    (with the reason when not)."""
+    found = [_tests()]
+    found += [_from_model(info) for info in agents.discover_models() if not info.is_baseline]
+    return found
+
+
+def resolve_evaluator(evaluator_id: str) -> EvaluatorInfo:
+    """The evaluator named by its id (a bare model name works as for models)."""
+    wanted = evaluator_id.strip() if isinstance(evaluator_id, str) else ""
+    if wanted == TESTS:
+        return _tests()
+    try:
+        info = agents.resolve_model(wanted)
+    except agents.UnknownModel as exc:
+        raise UnknownEvaluator(f"Unknown evaluator '{wanted}': {exc}") from None
+    if info.is_baseline:
+        raise UnknownEvaluator(
+            f"'{wanted}' is a calibration baseline, not an evaluator: name `tests` or a model."
+        )
+    return _from_model(info)
+
+
+def default_evaluator(*, models: list[str], verify_command: str | None) -> str | None:
+    """The evaluator of a plan that names none, decided once for the whole plan:
+    REPLAYS_DEFAULT_EVALUATOR if set, else the first available judge-capable agent model
+    in discovery order, else `tests` when a verify command is given, else the first
+    candidate model whose agent can judge (None when there is none: the plan then says
+    its runs will not be judged)."""
+    configured = settings.REPLAYS_DEFAULT_EVALUATOR
+    if configured:
+        return configured
+    for candidate in discover_evaluators():
+        if not candidate.is_tests and candidate.available:
+            return candidate.id
+    if verify_command:
+        return TESTS
+    for model in models:
+        try:
+            info = agents.resolve_model(model)
+        except agents.UnknownModel:
+            continue
+        # A model typed by hand is not in discovery order; it judges if its agent can.
+        if not info.is_baseline and not agents.judge_unavailable_reason(info):
+            return info.id
+    return None
+
+
+def same_family(evaluator: EvaluatorInfo, model_id: str) -> bool:
+    """The evaluator runs on the same agent as a candidate: judges favour their own
+    family, so the plan says so (FACTS.md, "Judging with a model")."""
+    if evaluator.model is None:
+        return False
+    try:
+        candidate = agents.resolve_model(model_id)
+    except agents.UnknownModel:
+        return False
+    return not candidate.is_baseline and candidate.kind == evaluator.model.kind
+
+
+# --- asking an evaluator ----------------------------------------------------------------
+
+Tick = Callable[[], None]
+
+
+def ask(
+    info: EvaluatorInfo,
+    *,
+    name: str,
+    prompt: str,
+    schema: Mapping[str, Any],
+    inputs: Mapping[str, Any],
+    folder: Path,
+    tick: Tick | None = None,
+) -> tuple[JudgeAnswer, float]:
+    """One call of a model evaluator in judge mode, in its own empty folder and process
+    group, with the evaluator timeout; the answer (or why there is none) and the seconds
+    it took. Only a raising `tick` (cancel, a lost claim) raises."""
+    assert info.model is not None, "the tests evaluator asks no model"
+    call = folder / name
+    if call.exists():
+        shutil.rmtree(call)  # a claim taken over: the earlier holder's attempt
+    call.mkdir(mode=0o700, parents=True)
+    task = JudgeTask(
+        name=name,
+        prompt=prompt,
+        schema=schema,
+        inputs=inputs,
+        folder=call,
+        log_path=call / "evaluator.log",
+        prompt_file=call / "prompt.md",
+    )
+    write_private(task.prompt_file, prompt.encode("utf-8", errors="surrogateescape"))
+    started = time.monotonic()
+    try:
+        adapter = agents.adapter_for(info.id)
+        invocation = adapter.judge_invocation(task)
+    except (AgentSetupError, agents.UnknownModel, OSError) as exc:
+        return JudgeAnswer(error=f"The evaluator {info.id} could not start: {exc}"), 0.0
+    try:
+        process, identity = processes.spawn(
+            invocation.argv,
+            cwd=call,
+            env=runfolder.agent_environment(invocation.env),
+            log_path=task.log_path,
+            stdin_path=invocation.stdin_path,
+        )
+    except OSError as exc:
+        adapter.judge_cleanup(task)
+        return JudgeAnswer(error=f"The evaluator {info.id} could not start: {exc}"), 0.0
+    timeout = float(settings.REPLAYS_EVALUATOR_TIMEOUT_SECONDS)
+    try:
+        exit_code = processes.wait_for(
+            process, identity, timeout_seconds=timeout, tick=tick, tick_seconds=0.5
+        )
+    finally:
+        adapter.judge_cleanup(task)
+    seconds = round(time.monotonic() - started, 3)
+    if exit_code is None:
+        return JudgeAnswer(
+            error=f"The evaluator {info.id} did not answer within {timeout:g} s."
+        ), seconds
+    answer = adapter.judge_answer(task, exit_code=exit_code)
+    answer.error = plain_text(answer.error)
+    return answer, seconds
+
+
+def schema_text(schema: Mapping[str, Any]) -> str:
+    return json.dumps(schema, separators=(",", ":"), sort_keys=True)

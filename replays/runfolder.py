@@ -1,0 +1,85 @@
+"""Where a run's files live, and the environment of the processes started for it.
+
+Ground layer: settings only, no ORM. The coordinator writes these files, reconcile
+reads them after a lost coordinator, and evaluation runs the verify command and the
+evaluator beside them, so the layout lives here, below all three.
+
+    $REPLAYS_RUN_ROOT/run-ID/
+        configuration.json   the exact approved configuration (0600)
+        request.md           the request the agent gets on stdin (0600)
+        agent.log            the agent's stdout and stderr
+        coordinator.log      the coordinator's own output
+        workspace/           the git worktree (removed after the diff is stored)
+        workspace.diff       the whole diff, when the stored one had to be cut
+        checks/              the verify command's log and JUnit XML for the run's tree
+    $REPLAYS_RUN_ROOT/reviews/review-ID/   the shared historical review's trees and calls
+    $REPLAYS_RUN_ROOT/judgments/report-ID/ one judgment's evaluator calls
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from django.conf import settings
+
+from replays import repos
+
+CONFIGURATION_FILE = "configuration.json"
+REQUEST_FILE = "request.md"
+AGENT_LOG = "agent.log"
+COORDINATOR_LOG = "coordinator.log"
+WORKSPACE = "workspace"
+FULL_DIFF_FILE = "workspace.diff"
+CHECKS_DIR = "checks"
+
+_HIDDEN_FROM_AGENTS = {
+    # Ours: the agent runs commands a model chose; it gets no database or secret key, and
+    # a Django project it works on must not pick up our settings module.
+    "DATABASE_URL",
+    "REDIS_URL",
+    "SECRET_KEY",
+    "DJANGO_SETTINGS_MODULE",
+    # Inherited from a git hook or shell, these would point the agent's git at another
+    # repository than its worktree.
+    *repos.GIT_LOCATION_VARIABLES,
+}
+
+
+def run_root() -> Path:
+    return Path(settings.REPLAYS_RUN_ROOT)
+
+
+def run_folder(run_id: int) -> Path:
+    return run_root() / f"run-{run_id}"
+
+
+def review_folder(review_id: int) -> Path:
+    return run_root() / "reviews" / f"review-{review_id}"
+
+
+def judgment_folder(report_id: int) -> Path:
+    return run_root() / "judgments" / f"report-{report_id}"
+
+
+def agent_environment(extra: dict[str, str], *, run_id: int | None = None) -> dict[str, str]:
+    """Our environment without our own secrets, plus the caller's additions.
+
+    Agents, verify commands and evaluators all run programs that a model or a
+    repository chose: none gets a database URL, a secret key or our settings.
+    """
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if key not in _HIDDEN_FROM_AGENTS and not key.startswith("REPLAYS_")
+    }
+    env.update(extra)
+    if run_id is not None:
+        env["REPLAYS_RUN_ID"] = str(run_id)
+    return env
+
+
+def manage_command(*args: str) -> list[str]:
+    """argv of one of our management commands, as the processes we start run it."""
+    return [sys.executable, str(Path(settings.BASE_DIR) / "manage.py"), *args]
