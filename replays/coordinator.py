@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import signal
 import subprocess
 import threading
@@ -322,7 +321,7 @@ class _Member:
                 configuration["baseline_commit"],
                 configuration["ending_commit"],
             )
-            tests = report.test_run_tree(
+            tests = report.verify_run_tree(
                 run, tree=self.workspace, historical_diff=historical_diff, tick=self._review_tick
             )
         except repos.GitError as exc:
@@ -384,7 +383,7 @@ class _Member:
         next_heartbeat = time.monotonic() + heartbeat_every
         paused = False
         while True:
-            exit_code = _exit_status(self.agent.pid)
+            exit_code = processes.exit_status(self.agent)
             if exit_code is not None:
                 self._finish_agent()
                 return str(exit_code)
@@ -575,23 +574,6 @@ def _heartbeat_in_background(run_id: int) -> Iterator[None]:
     finally:
         stop.set()
         thread.join()
-
-
-def _exit_status(pid: int) -> int | None:
-    """The agent's exit code once it ended, without reaping it (None while it runs).
-
-    Left unreaped, the finished process still holds its process group id, so
-    kill_tree can stop what it left running in that group before we reap it.
-    """
-    try:
-        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-    except ChildProcessError:
-        return -1
-    if info is None:
-        return None
-    if info.si_code == os.CLD_EXITED:
-        return info.si_status
-    return -info.si_status  # killed by a signal, as subprocess reports it
 
 
 def _stop_on_signals() -> dict[int, Any]:

@@ -8,6 +8,7 @@ from django.core.files.uploadedfile import UploadedFile
 from django.utils.text import Truncator
 
 from replays.agents import ModelInfo
+from replays.evaluation.evaluators import EvaluatorInfo
 from replays.models import Thread
 
 
@@ -98,14 +99,36 @@ class ReplayForm(forms.Form):
         label="Verify command",
         required=False,
         max_length=4000,
-        help_text="Optional, e.g. “pytest -q”: run on the historical result and on every run.",
+        help_text="Optional, e.g. “pytest -q --junitxml={junit_xml}”: run (no shell) on the "
+        "baseline, the historical result and every run, with the historical tests laid over.",
     )
 
-    def __init__(self, *args: Any, thread: Thread, model_infos: list[ModelInfo], **kwargs: Any):
+    evaluator = forms.ChoiceField(
+        label="Evaluator",
+        required=False,
+        help_text="Who judges each run against history. Default: decided by prepare "
+        "(shown before you approve).",
+    )
+
+    def __init__(
+        self,
+        *args: Any,
+        thread: Thread,
+        model_infos: list[ModelInfo],
+        evaluator_infos: list[EvaluatorInfo],
+        **kwargs: Any,
+    ):
         super().__init__(*args, **kwargs)
         self.thread = thread
         self.model_infos = model_infos
         self.fields["models"].choices = [(info.id, info.label) for info in model_infos]
+        self.fields["evaluator"].choices = [("", "Default (decided by prepare)")] + [
+            (
+                info.id,
+                info.label if info.available else f"{info.label} (unavailable: {info.reason})",
+            )
+            for info in evaluator_infos
+        ]
         turns = list(thread.turns.order_by("index").only("index", "message_uuid", "request"))
         choices = [
             (turn.message_uuid, f"#{turn.index + 1} · {first_line(turn.request)}") for turn in turns
@@ -154,6 +177,7 @@ class ReplayForm(forms.Form):
             "models": data["models"],
             "timeout_seconds": data["timeout_minutes"] * 60,
             "verify_command": data["verify_command"] or None,
+            "evaluator": data["evaluator"] or None,
         }
 
 

@@ -663,9 +663,11 @@ def resolve_plan_evaluator(configuration: dict[str, Any]) -> tuple[str, list[str
     except evaluators.UnknownEvaluator as exc:
         return evaluator, [str(exc)], []
     if info.is_tests and not configuration["verify_command"]:
-        return info.id, [
-            "The `tests` evaluator scores from the verify command alone: give a verify command."
-        ], []
+        return (
+            info.id,
+            ["The `tests` evaluator scores from the verify command alone: give a verify command."],
+            [],
+        )
     if not info.available:
         return info.id, [f"The evaluator {info.id} cannot judge here: {info.reason}"], []
     kin = [model for model in configuration["models"] if evaluators.same_family(info, model)]
@@ -692,12 +694,15 @@ def prepare_plan(*, owner: AbstractBaseUser, raw_configuration: Any) -> Prepared
     configuration = normalise_configuration(raw_configuration)
     threads = load_threads(configuration)
     plan_blockers: list[str] = []
+    unavailable = []
     for model in configuration["models"]:
         info = agents.resolve_model(model)
         if not info.available:
+            unavailable.append(info.id)
             plan_blockers.append(f"Model {model} cannot run here: {info.reason}")
     evaluator, evaluator_blockers, warnings = resolve_plan_evaluator(configuration)
-    plan_blockers += evaluator_blockers
+    if evaluator not in unavailable:  # else the same reason is said once, for the model
+        plan_blockers += evaluator_blockers
     preparations = [
         prepare_thread(thread, item, configuration, evaluator=evaluator)
         for thread, item in zip(threads, configuration["configurations"], strict=True)

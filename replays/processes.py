@@ -72,9 +72,10 @@ def spawn(
 ) -> tuple[subprocess.Popen[bytes], ProcessIdentity]:
     """Start argv (never through a shell) in its own session, output appended to log_path."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    with log_path.open("ab") as log, (
-        stdin_path.open("rb") if stdin_path else open(os.devnull, "rb")
-    ) as stdin:
+    with (
+        log_path.open("ab") as log,
+        stdin_path.open("rb") if stdin_path else open(os.devnull, "rb") as stdin,
+    ):
         process = subprocess.Popen(
             list(argv),
             cwd=cwd,
@@ -96,7 +97,10 @@ def _tree(pid: int, create_time: float | None) -> list[psutil.Process]:
     """The process (if it is still the same one) and all its descendants."""
     try:
         root = psutil.Process(pid)
-        if create_time is not None and abs(root.create_time() - create_time) > CREATE_TIME_TOLERANCE:
+        if (
+            create_time is not None
+            and abs(root.create_time() - create_time) > CREATE_TIME_TOLERANCE
+        ):
             return []
         return [root, *root.children(recursive=True)]
     except (psutil.NoSuchProcess, psutil.AccessDenied):

@@ -28,6 +28,7 @@ from django.utils.text import Truncator
 from django.views.decorators.http import require_http_methods, require_POST
 
 from replays import agents, approval, dispatch, importing, planning
+from replays.evaluation import evaluators
 from replays.forms import AnswerForm, ReplayForm, TranscriptUploadForm, readable_size
 from replays.models import (
     ACTIVE_RUN_STATUSES,
@@ -143,10 +144,13 @@ def _thread_page(
 def thread_detail(request: HttpRequest, pk: int) -> HttpResponse:
     """The thread, its turns, and the form that prepares a replay of them."""
     thread = get_object_or_404(Thread, pk=pk)
-    model_infos = agents.discover_models()
+    choices = {
+        "model_infos": agents.discover_models(),
+        "evaluator_infos": evaluators.discover_evaluators(),
+    }
     if request.method != "POST":
-        return _thread_page(request, thread, ReplayForm(thread=thread, model_infos=model_infos))
-    form = ReplayForm(request.POST, thread=thread, model_infos=model_infos)
+        return _thread_page(request, thread, ReplayForm(thread=thread, **choices))
+    form = ReplayForm(request.POST, thread=thread, **choices)
     if form.is_valid():
         try:
             prepared = planning.prepare_plan(

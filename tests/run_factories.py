@@ -19,6 +19,7 @@ from typing import Any
 from django.contrib.auth.models import User
 from django.utils import timezone
 
+from replays.evaluation.checks import DEFAULT_TEST_PATHS
 from replays.models import Batch, Plan, PlanStatus, Run, RunStatus, SourceKind, Thread, Turn
 
 DEFAULT_REQUEST = "Make the greeting friendlier, add notes, and remove the obsolete file."
@@ -37,7 +38,11 @@ def git(repo: Path, *args: str) -> str:
     """Run git in `repo` and return its stdout (raises CalledProcessError on failure)."""
     completed = subprocess.run(
         ["git", "-c", "init.defaultBranch=main", "-c", "commit.gpgsign=false", *args],
-        cwd=repo, env={**os.environ, **_GIT_ENV}, capture_output=True, text=True, check=True,
+        cwd=repo,
+        env={**os.environ, **_GIT_ENV},
+        capture_output=True,
+        text=True,
+        check=True,
     )
     return completed.stdout
 
@@ -92,6 +97,7 @@ def make_run_graph(
     request: str = DEFAULT_REQUEST,
     verify_command: str | None = None,
     result_sha256: str | None = None,
+    evaluator: str = "",
 ) -> tuple[Batch, list[Run]]:
     """A thread with one turn, a ready plan, its batch and one queued Run per model.
 
@@ -127,13 +133,22 @@ def make_run_graph(
     # The same shape replays.planning.normalise_configuration produces.
     plan_configuration = {
         "configurations": [
-            {"thread_id": thread.pk, "start_message_uuid": turn.message_uuid,
-             "end_message_uuid": turn.message_uuid, "request": None, "repository": str(repo),
-             "baseline_commit": baseline, "ending_commit": ending, "thread_title": None}
+            {
+                "thread_id": thread.pk,
+                "start_message_uuid": turn.message_uuid,
+                "end_message_uuid": turn.message_uuid,
+                "request": None,
+                "repository": str(repo),
+                "baseline_commit": baseline,
+                "ending_commit": ending,
+                "thread_title": None,
+            }
         ],
         "models": list(models),
         "timeout_seconds": timeout_seconds,
         "verify_command": verify_command,
+        "evaluator": evaluator or None,
+        "test_paths": None,
     }
     plan = Plan.objects.create(
         owner=owner,
@@ -151,6 +166,7 @@ def make_run_graph(
         models_list=list(models),
         configuration=plan_configuration,
         thread_count=1,
+        evaluator=evaluator,
         approved_at=now,
     )
     runs = []
@@ -170,12 +186,19 @@ def make_run_graph(
             "request": request,
             "timeout_seconds": timeout_seconds,
             "verify_command": verify_command,
+            "test_paths": list(DEFAULT_TEST_PATHS),
+            "evaluator": evaluator,
+            "context": "cold",
         }
         configuration["prepared_configuration_sha256"] = _sha256_json(configuration)
         runs.append(
             Run.objects.create(
-                batch=batch, thread=thread, model=model, status=RunStatus.QUEUED,
-                configuration=configuration, created_at=now,
+                batch=batch,
+                thread=thread,
+                model=model,
+                status=RunStatus.QUEUED,
+                configuration=configuration,
+                created_at=now,
             )
         )
     return batch, runs
@@ -186,7 +209,9 @@ def mark_launching(run: Run, *, host: str = "", launcher: str = "tests") -> Run:
     from django.conf import settings
 
     changed = Run.objects.filter(pk=run.pk, status=RunStatus.QUEUED).update(
-        status=RunStatus.LAUNCHING, host=host or settings.REPLAYS_HOST_NAME, launcher=launcher,
+        status=RunStatus.LAUNCHING,
+        host=host or settings.REPLAYS_HOST_NAME,
+        launcher=launcher,
         claimed_at=timezone.now(),
     )
     assert changed == 1, f"run {run.pk} was not queued"

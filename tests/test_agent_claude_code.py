@@ -678,6 +678,12 @@ class Replay:
             "alice",
             "--timeout",
             str(timeout),
+            # The agent is under test: the offline evaluator keeps the scripted server to
+            # the agent's own requests.
+            "--evaluator",
+            "tests",
+            "--verify-command",
+            "true",
             "--yes",
             "--wait",
         ]

@@ -473,7 +473,9 @@ class Replay:
             sys.executable, str(MANAGE), "replay", "--thread", str(thread.pk),
             "--from", first.message_uuid, "--to", first.message_uuid,
             "--model", "codex:gpt-5.5", "--repository", str(repo), "--user", "alice",
-            "--yes", "--wait",
+            # The agent is under test: the offline evaluator keeps the scripted server to
+            # the agent's own requests.
+            "--evaluator", "tests", "--verify-command", "true", "--yes", "--wait",
         ]  # fmt: skip
         self.process: subprocess.Popen[str] | None = None
 

@@ -179,6 +179,8 @@ def test_ctrl_c_while_waiting_detaches_without_cancelling(
             first.message_uuid,
             "--model",
             "slow:m",
+            "--verify-command",
+            "true",
             "--repository",
             str(sample_repo),
             "--user",

@@ -22,6 +22,8 @@ from replays.models import (
     LaunchErrorCode,
     Plan,
     PlanStatus,
+    Report,
+    ReportStatus,
     Run,
     RunPhase,
     RunStatus,
@@ -55,11 +57,23 @@ def seed_batch(
     )
 
 
-def finish(run: Run, status: str, **values: Any) -> Run:
+def finish(run: Run, status: str, *, winner: str | None = None, **values: Any) -> Run:
+    """End a run as its coordinator would; with `winner`, its current report too."""
     defaults: dict[str, Any] = {"phase": RunPhase.DONE, "finished_at": timezone.now()}
     if status == RunStatus.FAILED:
         defaults["failure_code"] = FailureCode.AGENT_ERROR
     Run.objects.filter(pk=run.pk).update(status=status, **{**defaults, **values})
+    if winner is not None:
+        Report.objects.create(
+            run=run,
+            status=ReportStatus.JUDGED,
+            is_current=True,
+            winner=winner,
+            score_historical=1.0,
+            score_replay=1.0,
+            evaluator="tests",
+            finished_at=timezone.now(),
+        )
     run.refresh_from_db()
     return run
 
@@ -500,7 +514,7 @@ def test_a_finished_batch_stops_refreshing_and_says_results_ready(
     logged_in_client: Any, user: User, tmp_path: Path
 ) -> None:
     batch, [historical, empty] = seed_batch(user, tmp_path)
-    finish(historical, RunStatus.COMPLETED, cost_usd=Decimal("0"), report={"winner": "A"})
+    finish(historical, RunStatus.COMPLETED, cost_usd=Decimal("0"), winner="tie")
     finish(empty, RunStatus.CANCELLED)
     page = logged_in_client.get(batch.get_absolute_url()).content.decode()
     assert 'http-equiv="refresh"' not in page

@@ -86,7 +86,8 @@ def test_codex_claude_and_the_historical_result_side_by_side(
             [sys.executable, str(MANAGE), "replay", "--thread", str(thread.pk),
              "--from", first.message_uuid, "--to", first.message_uuid,
              "--model", CODEX_MODEL, "--model", CLAUDE_MODEL, "--model", "historical",
-             "--repository", str(sample_repo), "--user", "alice", "--yes", "--wait"],
+             "--repository", str(sample_repo), "--user", "alice",
+             "--evaluator", "tests", "--verify-command", "true", "--yes", "--wait"],
             env=env, text=True, capture_output=True, timeout=120, stdin=subprocess.DEVNULL,
         )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr

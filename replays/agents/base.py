@@ -16,7 +16,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import re
 import shutil
 import stat
 import subprocess
@@ -27,6 +26,8 @@ from decimal import Decimal
 from pathlib import Path, PurePosixPath
 from typing import Any, ClassVar, Protocol
 
+# Text helpers live with the processes whose output they clean (plain Python, no Django).
+from replays.processes import plain_text, read_tail
 from replays.transcripts.base import TokenUsage
 
 # `agent --version` answers at once; a hung binary must not hold up a page.
@@ -38,10 +39,6 @@ ERROR_CHARS = 4000
 MAX_ANSWER_BYTES = 1024 * 1024
 # How much of an unreadable answer its error message quotes.
 ANSWER_QUOTE_CHARS = 200
-
-_ANSI_ESCAPE_RE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)")
-# C0 controls except tab and newline; NUL in particular cannot be stored in PostgreSQL text.
-_CONTROL_RE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 
 
 class AgentSetupError(Exception):
@@ -158,34 +155,6 @@ class Agent(ABC):
 
     def judge_cleanup(self, task: JudgeTask) -> None:  # noqa: B027 (most copy nothing)
         """Remove what must not outlive the judge process (copied credentials)."""
-
-
-def plain_text(text: str) -> str:
-    """Text safe to store and show: no terminal escapes, no control characters but tab/newline.
-
-    Markup is left as it is: every page escapes it when rendering.
-    """
-    text = text.replace("\r\n", "\n").replace("\r", "\n")
-    return _CONTROL_RE.sub("", _ANSI_ESCAPE_RE.sub("", text))
-
-
-def read_tail(path: Path, *, max_bytes: int = 64 * 1024, max_lines: int = 200) -> str:
-    """The last lines of a log file as plain text ("" when it does not exist)."""
-    try:
-        with path.open("rb") as log:
-            log.seek(0, 2)
-            size = log.tell()
-            log.seek(max(0, size - max_bytes))
-            data = log.read()
-    except OSError:
-        return ""
-    if size > max_bytes:
-        # Cut at a line start: the first line read is usually a fragment.
-        newline = data.find(b"\n")
-        if 0 <= newline < len(data) - 1:
-            data = data[newline + 1 :]
-    lines = plain_text(data.decode("utf-8", errors="replace")).split("\n")
-    return "\n".join(lines[-max_lines:])
 
 
 def error_from_log(path: Path) -> str:

@@ -7,7 +7,6 @@ checks alone, no model) or a model id of an agent that has a judge mode
 
 from __future__ import annotations
 
-import json
 import shutil
 import time
 from collections.abc import Callable, Mapping
@@ -86,8 +85,9 @@ def default_evaluator(*, models: list[str], verify_command: str | None) -> str |
     """The evaluator of a plan that names none, decided once for the whole plan:
     REPLAYS_DEFAULT_EVALUATOR if set, else the first available judge-capable agent model
     in discovery order, else `tests` when a verify command is given, else the first
-    candidate model whose agent can judge (None when there is none: the plan then says
-    its runs will not be judged)."""
+    candidate model that is an agent (which, at this point, cannot judge: the plan is
+    blocked with the reason). None when the candidates are all baselines: they cost
+    nothing, so the plan may run them unjudged, and says so."""
     configured = settings.REPLAYS_DEFAULT_EVALUATOR
     if configured:
         return configured
@@ -101,9 +101,8 @@ def default_evaluator(*, models: list[str], verify_command: str | None) -> str |
             info = agents.resolve_model(model)
         except agents.UnknownModel:
             continue
-        # A model typed by hand is not in discovery order; it judges if its agent can.
-        if not info.is_baseline and not agents.judge_unavailable_reason(info):
-            return info.id
+        if not info.is_baseline:
+            return info.id  # it may be unable to judge: the plan is then blocked, saying why
     return None
 
 
@@ -122,6 +121,36 @@ def same_family(evaluator: EvaluatorInfo, model_id: str) -> bool:
 # --- asking an evaluator ----------------------------------------------------------------
 
 Tick = Callable[[], None]
+
+
+def holding(tick: Tick, *, beat: Callable[[], bool], lost: Callable[[], Exception]) -> Tick:
+    """`tick`, plus a heartbeat on a row this process holds (a review or a judgment) at
+    most every REPLAYS_HEARTBEAT_SECONDS; `beat` writes it (False: the row is no longer
+    ours) and `lost()` is then raised."""
+    every = float(settings.REPLAYS_HEARTBEAT_SECONDS)
+    last = time.monotonic()
+
+    def holding_tick() -> None:
+        nonlocal last
+        tick()
+        if time.monotonic() - last < every:
+            return
+        last = time.monotonic()
+        if not beat():
+            raise lost()
+
+    return holding_tick
+
+
+def strict_object(properties: Mapping[str, Any]) -> dict[str, Any]:
+    """A JSON schema object as strict structured outputs need it: every property required,
+    nothing else allowed."""
+    return {
+        "type": "object",
+        "additionalProperties": False,
+        "required": list(properties),
+        "properties": dict(properties),
+    }
 
 
 def ask(
@@ -184,7 +213,3 @@ def ask(
     answer = adapter.judge_answer(task, exit_code=exit_code)
     answer.error = plain_text(answer.error)
     return answer, seconds
-
-
-def schema_text(schema: Mapping[str, Any]) -> str:
-    return json.dumps(schema, separators=(",", ":"), sort_keys=True)

@@ -37,31 +37,25 @@ TIE = "tie"
 SIDES = (HISTORICAL, REPLAY)
 LABELS = ("A", "B")
 
-VERDICT_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "additionalProperties": False,
-    "required": ["checks", "score_a", "score_b", "preferred", "reason"],
-    "properties": {
+VERDICT_SCHEMA = evaluators.strict_object(
+    {
         "checks": {
             "type": "array",
-            "items": {
-                "type": "object",
-                "additionalProperties": False,
-                "required": ["id", "a", "b", "reason"],
-                "properties": {
+            "items": evaluators.strict_object(
+                {
                     "id": {"type": "string"},
                     "a": {"type": "boolean"},
                     "b": {"type": "boolean"},
                     "reason": {"type": "string"},
-                },
-            },
+                }
+            ),
         },
         "score_a": {"type": "number"},
         "score_b": {"type": "number"},
         "preferred": {"type": "string", "enum": ["A", "B", "tie"]},
         "reason": {"type": "string"},
-    },
-}
+    }
+)
 MAX_REASON_CHARS = 500
 
 Tick = Callable[[], None]

@@ -38,8 +38,8 @@ from replays.evaluation.review import (
     ReviewInputs,
     ReviewKey,
     obtain_review,
-    test_tree,
     tree_tests_at,
+    verify_tree,
 )
 from replays.models import (
     Report,
@@ -196,6 +196,7 @@ def mark_lost(*, report_id: int, reason: str, only_if: dict[str, Any] | None = N
 def judge_report(*, report_id: int, requested_at: datetime, tick: Tick | None = None) -> Report:
     """Do the judgment this process holds and store it. Raises only what `tick` raises
     (the judgment is then marked lost with that reason) and JudgmentGone."""
+    processes.pause_point("judgment_started")
     report = Report.objects.select_related("run__thread", "run__batch").get(pk=report_id)
     beat = _holding(report, tick or (lambda: None))
     started = time.monotonic()
@@ -224,22 +225,16 @@ def _held_by(report: Report) -> dict[str, Any]:
 
 def _holding(report: Report, tick: Tick) -> Tick:
     """`tick`, plus the judgment's heartbeat; JudgmentGone when it is no longer ours."""
-    every = float(settings.REPLAYS_HEARTBEAT_SECONDS)
-    last = time.monotonic()
-
-    def beat() -> None:
-        nonlocal last
-        tick()
-        if time.monotonic() - last < every:
-            return
-        last = time.monotonic()
-        held = Report.objects.filter(
-            pk=report.pk, status=ReportStatus.JUDGING, **_held_by(report)
-        ).update(heartbeat_at=timezone.now())
-        if not held:
-            raise JudgmentGone()
-
-    return beat
+    return evaluators.holding(
+        tick,
+        beat=lambda: (
+            Report.objects.filter(
+                pk=report.pk, status=ReportStatus.JUDGING, **_held_by(report)
+            ).update(heartbeat_at=timezone.now())
+            == 1
+        ),
+        lost=JudgmentGone,
+    )
 
 
 def _judge(report: Report, requested_at: datetime, beat: Tick) -> dict[str, Any]:
@@ -351,7 +346,7 @@ def replay_tree_tests(run: Run, *, historical_diff: str, tick: Tick) -> checks.T
     return tests
 
 
-def test_run_tree(
+def verify_run_tree(
     run: Run, *, tree: Path, historical_diff: str, tick: Tick
 ) -> checks.TreeTests | None:
     """The verify command on a run's own worktree, before it is removed (the coordinator);
@@ -360,7 +355,7 @@ def test_run_tree(
     command = configuration.get("verify_command")
     if not command:
         return None
-    return test_tree(
+    return verify_tree(
         tree=tree,
         repository=Path(configuration["repository"]),
         ending=configuration["ending_commit"],
@@ -572,3 +567,20 @@ def consistency_rates() -> list[dict[str, Any]]:
         rate = statistics.wilson_interval(row["agreed"], row["n"])
         rates.append({**row, "rate": rate.value, "rate_low": rate.low, "rate_high": rate.high})
     return rates
+
+
+def brief(report: Report | None) -> dict[str, Any] | None:
+    """A report in brief, as the commands print it (JSON)."""
+    if report is None:
+        return None
+    return {
+        "id": report.pk,
+        "run": report.run_id,
+        "status": report.status,
+        "winner": report.winner,
+        "score_historical": report.score_historical,
+        "score_replay": report.score_replay,
+        "consistent": report.consistent,
+        "evaluator": report.evaluator,
+        "reason": report.reason,
+    }

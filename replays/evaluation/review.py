@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from decimal import Decimal
 from pathlib import Path
 from string import Template
 from typing import Any
@@ -45,22 +46,9 @@ MAX_CHECK_CHARS = 500
 # How often a waiting process looks at the review it waits for.
 WAIT_POLL_SECONDS = 0.5
 
-CHECKS_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "additionalProperties": False,
-    "required": ["checks"],
-    "properties": {
-        "checks": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "additionalProperties": False,
-                "required": ["text"],
-                "properties": {"text": {"type": "string"}},
-            },
-        }
-    },
-}
+CHECKS_SCHEMA = evaluators.strict_object(
+    {"checks": {"type": "array", "items": evaluators.strict_object({"text": {"type": "string"}})}}
+)
 
 Tick = Callable[[], None]
 
@@ -70,7 +58,12 @@ class ClaimLost(Exception):
 
 
 class ReviewFailed(Exception):
-    """The review cannot be derived; the message says why, for the report."""
+    """The review cannot be derived; the message says why, for the report. `stored` holds
+    what was learned before it failed (the tests, the prompt and the raw reply)."""
+
+    def __init__(self, message: str, **stored: Any) -> None:
+        super().__init__(message)
+        self.stored = stored
 
 
 @dataclass(frozen=True)
@@ -201,22 +194,16 @@ def _take_over(review: Review, me: str) -> bool:
 
 def _holding(review: Review, me: str, tick: Tick) -> Tick:
     """`tick`, plus our heartbeat on the review; ClaimLost when someone took it over."""
-    every = float(settings.REPLAYS_HEARTBEAT_SECONDS)
-    last = time.monotonic()
-
-    def beat() -> None:
-        nonlocal last
-        tick()
-        if time.monotonic() - last < every:
-            return
-        last = time.monotonic()
-        held = Review.objects.filter(
-            pk=review.pk, status=ReviewStatus.PENDING, claimed_by=me
-        ).update(heartbeat_at=timezone.now())
-        if not held:
-            raise ClaimLost()
-
-    return beat
+    return evaluators.holding(
+        tick,
+        beat=lambda: (
+            Review.objects.filter(pk=review.pk, status=ReviewStatus.PENDING, claimed_by=me).update(
+                heartbeat_at=timezone.now()
+            )
+            == 1
+        ),
+        lost=ClaimLost,
+    )
 
 
 def _derive(review: Review, key: ReviewKey, inputs: ReviewInputs, me: str, tick: Tick) -> Review:
@@ -232,8 +219,7 @@ def _derive(review: Review, key: ReviewKey, inputs: ReviewInputs, me: str, tick:
         logger.warning("Review %s was taken over while it was derived here.", review.pk)
         return obtain_review(key=key, inputs=inputs, requested_at=timezone.now(), tick=tick)
     except ReviewFailed as exc:
-        values["status"] = ReviewStatus.FAILED
-        values["error"] = str(exc)
+        values = {**exc.stored, "status": ReviewStatus.FAILED, "error": str(exc)}
     values["seconds"] = round(time.monotonic() - started, 3)
     written = Review.objects.filter(
         pk=review.pk, status=ReviewStatus.PENDING, claimed_by=me
@@ -258,14 +244,16 @@ def _work(
     tests = _historical_tests(key, inputs, diff, folder, beat)
     info = _evaluator(key.evaluator)
     if info.is_tests:
-        found, cost = checks_from_tests(tests), None
+        found = checks_from_tests(tests)
         if not found:
             sets = checks.TestSets.from_dict(tests["sets"]) if tests.get("sets") else None
             raise ReviewFailed(
                 "The `tests` evaluator needs the verify command to pass on the historical "
-                f"ending: {sets.reason if sets else 'no verify command was given.'}"
+                f"ending: {sets.reason if sets else 'no verify command was given.'}",
+                tests=tests,
             )
-        return {"tests": tests, "checks": found, "audit": {}}
+        # No model was asked: the checks cost nothing (a known zero, not unknown).
+        return {"tests": tests, "checks": found, "audit": {}, "cost_usd": Decimal(0)}
     prompt = checks_prompt(request=inputs.request, diff=diff, tests=tests)
     answer, seconds = evaluators.ask(
         info,
@@ -277,16 +265,23 @@ def _work(
         tick=beat,
     )
     audit = {"prompt": prompt, "raw": answer.raw, "seconds": seconds, "notes": answer.notes}
+    spent = {"cost_usd": answer.cost_usd, **answer.usage.as_dict()}
     if answer.answer is None:
-        raise ReviewFailed(f"The evaluator {info.id} gave no usable checks: {answer.error}")
-    found = parse_checks(answer.answer)
-    cost = answer.cost_usd
+        raise ReviewFailed(
+            f"The evaluator {info.id} gave no usable checks: {answer.error}",
+            tests=tests,
+            audit=audit,
+            **spent,
+        )
+    try:
+        found = parse_checks(answer.answer)
+    except ReviewFailed as exc:
+        raise ReviewFailed(str(exc), tests=tests, audit=audit, **spent) from None
     return {
         "tests": tests,
         "checks": found,
         "audit": audit,
-        "cost_usd": cost,
-        **answer.usage.as_dict(),
+        **spent,
     }
 
 
@@ -351,7 +346,7 @@ def tree_tests_at(
         _remove_tree(repository, tree)
         return checks.TreeTests(outcome="error", message=f"The tree could not be made: {exc}")
     try:
-        return test_tree(
+        return verify_tree(
             tree=tree,
             repository=repository,
             ending=ending,
@@ -365,7 +360,7 @@ def tree_tests_at(
         _remove_tree(repository, tree)
 
 
-def test_tree(
+def verify_tree(
     *,
     tree: Path,
     repository: Path,
@@ -392,9 +387,6 @@ def test_tree(
         folder=folder,
         tick=tick,
     )
-
-
-test_tree.__test__ = False  # type: ignore[attr-defined]  # not a pytest test when imported
 
 
 def _remove_tree(repository: Path, tree: Path) -> None:

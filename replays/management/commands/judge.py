@@ -43,7 +43,7 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         runs = self.runs(options["run"], options["batch"])
         approved = options["yes"]
-        info = self.check(runs[0], options["evaluator"], approved=True)
+        info = self.judgeable(runs[0], options["evaluator"], approved=True)
         if not info.is_tests and not approved:
             approved = self.confirm(
                 f"Judge {len(runs)} run{'s' if len(runs) != 1 else ''} with {info.id}? "
@@ -59,7 +59,7 @@ class Command(BaseCommand):
         for number, run in enumerate(runs, 1):
             done.append(self.judge_one(run, info.id, requested_at, number, len(runs)))
         if options["json"]:
-            self.stdout.write(json.dumps([self.summary(item) for item in done], indent=2,
+            self.stdout.write(json.dumps([reports.brief(item) for item in done], indent=2,
                                          cls=DjangoJSONEncoder))  # fmt: skip
 
     def runs(self, run_id: int | None, batch_id: int | None) -> list[Run]:
@@ -80,7 +80,7 @@ class Command(BaseCommand):
             raise CommandError(f"Batch {batch_id} has no completed run to judge.")
         return runs
 
-    def check(self, run: Run, evaluator: str | None, *, approved: bool) -> Any:
+    def judgeable(self, run: Run, evaluator: str | None, *, approved: bool) -> Any:
         try:
             return reports.check_judgeable(run=run, evaluator=evaluator, approved=approved)
         except reports.JudgmentRefused as exc:
@@ -94,7 +94,7 @@ class Command(BaseCommand):
     def judge_one(
         self, run: Run, evaluator: str, requested_at: Any, number: int, total: int
     ) -> Report:
-        self.check(run, evaluator, approved=True)
+        self.judgeable(run, evaluator, approved=True)
         self.stdout.write(f"[{number}/{total}] run {run.pk} {run.model}: judging with {evaluator}…")
         try:
             judging = reports.start_judgment(
@@ -121,16 +121,3 @@ class Command(BaseCommand):
             f"winner {report.winner}; score historical {report.score_historical:.2f}, "
             f"replay {report.score_replay:.2f} ({consistency[report.consistent]})"
         )
-
-    def summary(self, report: Report) -> dict[str, Any]:
-        return {
-            "report": report.pk,
-            "run": report.run_id,
-            "status": report.status,
-            "winner": report.winner,
-            "score_historical": report.score_historical,
-            "score_replay": report.score_replay,
-            "consistent": report.consistent,
-            "evaluator": report.evaluator,
-            "reason": report.reason,
-        }

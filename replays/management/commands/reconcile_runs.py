@@ -10,7 +10,8 @@ from replays import dispatch
 class Command(BaseCommand):
     help = (
         "End launching and running runs whose launcher or coordinator is gone "
-        "(launch_failed, coordinator_lost). Never relaunches anything."
+        "(launch_failed, coordinator_lost), and judgments whose process is gone (lost). "
+        "Never relaunches or judges anything again."
     )
 
     def add_arguments(self, parser: Any) -> None:
@@ -26,7 +27,8 @@ class Command(BaseCommand):
             self.stdout.write(line)
         self.stdout.write(
             f"Reconciled: {report.launch_failed} launch_failed, "
-            f"{report.coordinator_lost} coordinator_lost, {report.cancelled} cancelled."
+            f"{report.coordinator_lost} coordinator_lost, {report.cancelled} cancelled, "
+            f"{report.judgments_lost} judgments lost."
         )
         if options["dispatch"]:
             started = dispatch.dispatch_runs()

@@ -11,6 +11,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.core.serializers.json import DjangoJSONEncoder
 
 from replays import approval, dispatch, planning
+from replays.evaluation import report as reports
 from replays.formatting import DASH, duration, usd
 from replays.models import Batch, PlanStatus, Report, Run, RunStatus, Winner
 
@@ -309,7 +310,7 @@ class Command(BaseCommand):
                 "cost_usd": run.cost_usd,
                 "failure_code": run.failure_code,
                 "failure_message": run.failure_message,
-                "report": report_summary(run.current_report),
+                "report": reports.brief(run.current_report),
             }
             for run in batch.runs.with_current_report().order_by("id")
         ]
@@ -345,18 +346,3 @@ def winner_text(report: Report | None) -> str:
     if report.winner == Winner.TIE and report.consistent is False:
         return "tie (split)"
     return report.winner
-
-
-def report_summary(report: Report | None) -> dict[str, Any] | None:
-    if report is None:
-        return None
-    return {
-        "id": report.pk,
-        "status": report.status,
-        "winner": report.winner,
-        "score_historical": report.score_historical,
-        "score_replay": report.score_replay,
-        "consistent": report.consistent,
-        "evaluator": report.evaluator,
-        "reason": report.reason,
-    }

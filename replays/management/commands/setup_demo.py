@@ -1,7 +1,9 @@
 from __future__ import annotations
 
 import secrets
+import shlex
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -49,11 +51,14 @@ class Command(BaseCommand):
         )
         thread = Thread.objects.filter(source_kind="claude_code").order_by("started_at").first()
         if thread is not None and repository is not None:
+            # The sample's own tests judge it offline: no model is asked.
+            verify = f"{sys.executable} -m pytest -q -p no:cacheprovider --junitxml={{junit_xml}}"
             self.stdout.write(
-                "Try a replay with the calibration baselines:\n"
+                "Try a replay with the calibration baselines, judged by the sample's tests:\n"
                 f"  .venv/bin/python manage.py replay --thread {thread.pk} "
                 f"--from {thread.turns.get(index=0).message_uuid} --model historical --model empty "
-                f"--repository {repository} --user {username} --yes --wait"
+                f"--repository {repository} --verify-command {shlex.quote(verify)} "
+                f"--evaluator tests --user {username} --yes --wait"
             )
 
     def sample_repository(self) -> Path | None:
