@@ -66,15 +66,15 @@ MAX_MESSAGE_CHARS = 4000
 FINAL_WRITE_ATTEMPTS = 5
 
 
-class RunGone(Exception):
+class RunGone(processes.StopRequested):
     """The run is no longer ours: a reconcile or someone else finished it while we worked."""
 
 
-class CoordinatorStopped(Exception):
+class CoordinatorStopped(processes.StopRequested):
     """This process was asked to stop (SIGTERM/SIGINT)."""
 
 
-class CancelledWhileReviewing(Exception):
+class CancelledWhileReviewing(processes.StopRequested):
     """A cancel arrived while the run's result was being tested or judged."""
 
     def __str__(self) -> str:

@@ -23,6 +23,12 @@ import psutil
 CREATE_TIME_TOLERANCE = 0.05
 
 
+class StopRequested(Exception):
+    """Raised to stop the work in hand: by a heartbeat that finds a cancel or a lost claim,
+    or by a signal handler. Whoever catches errors to record them as data (a failed review,
+    say) lets this one through."""
+
+
 @dataclass(frozen=True)
 class ProcessIdentity:
     pid: int

@@ -66,7 +66,7 @@ class JudgmentInProgress(Exception):
     """The run is being judged already: nothing is judged twice at once."""
 
 
-class JudgmentGone(Exception):
+class JudgmentGone(processes.StopRequested):
     """Our judgment is no longer ours (reconcile marked it lost)."""
 
 
@@ -204,6 +204,13 @@ def judge_report(*, report_id: int, requested_at: datetime, tick: Tick | None = 
         values = _judge(report, requested_at, beat)
     except JudgmentGone:
         raise
+    except processes.StopRequested as exc:
+        mark_lost(report_id=report.pk, reason=_stop_reason(exc), only_if=_held_by(report))
+        raise
+    except Exception as exc:  # noqa: BLE001 - a fault of ours is recorded, never a failed run
+        logger.error("Report %s: the judgment failed:\n%s", report.pk, traceback.format_exc())
+        values = _review_failed({"schema": SCHEMA_VERSION, "run": report.run_id},
+                                f"The judgment failed: {exc}")  # fmt: skip
     except BaseException as exc:
         mark_lost(report_id=report.pk, reason=_stop_reason(exc), only_if=_held_by(report))
         raise

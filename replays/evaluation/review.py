@@ -53,7 +53,7 @@ CHECKS_SCHEMA = evaluators.strict_object(
 Tick = Callable[[], None]
 
 
-class ClaimLost(Exception):
+class ClaimLost(processes.StopRequested):
     """Another process took our claim over (our heartbeat had gone stale)."""
 
 

@@ -15,7 +15,7 @@ from replays.evaluation import report as reports
 from replays.models import Batch, Report, Run, RunStatus
 
 
-class _Stopped(Exception):
+class _Stopped(processes.StopRequested):
     pass
 
 

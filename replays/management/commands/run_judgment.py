@@ -7,11 +7,12 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandParser
 from django.db import connections
 
+from replays import processes
 from replays.evaluation import report as reports
 from replays.models import Report
 
 
-class _Stopped(Exception):
+class _Stopped(processes.StopRequested):
     pass
 
 

@@ -1,0 +1,21 @@
+"""Server-rendered pages, one module per page family: threads (list, thread, upload),
+replays (plan, approval) and results (batches, runs). Thin: reads go straight to the
+models; writes go through the services the commands and the API use."""
+
+from replays.views.replays import plan_approve, plan_detail, plan_prepare_again
+from replays.views.results import batch_cancel, batch_detail, batch_list, run_cancel, run_detail
+from replays.views.threads import thread_detail, thread_list, thread_upload
+
+__all__ = [
+    "batch_cancel",
+    "batch_detail",
+    "batch_list",
+    "plan_approve",
+    "plan_detail",
+    "plan_prepare_again",
+    "run_cancel",
+    "run_detail",
+    "thread_detail",
+    "thread_list",
+    "thread_upload",
+]

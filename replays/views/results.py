@@ -1,0 +1,352 @@
+"""Results: batches, their runs, and each run's page."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.paginator import Paginator
+from django.db.models import Count, Prefetch, Q, Sum
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.template.defaultfilters import pluralize
+from django.urls import reverse
+from django.utils import timezone
+from django.views.decorators.http import require_POST
+
+from replays import dispatch
+from replays.models import (
+    ACTIVE_RUN_STATUSES,
+    Batch,
+    LaunchError,
+    Run,
+    RunQuerySet,
+    RunStatus,
+    Thread,
+)
+from replays.views.common import model_labels, safe_next
+
+BATCHES_PER_PAGE = 25
+# The diff on the run page is for reading; the raw diff link has all of it.
+MAX_DIFF_LINES = 5000
+
+
+# --- Batches -------------------------------------------------------------------------------
+
+
+@dataclass
+class RunCard:
+    """One run as its card shows it."""
+
+    run: Run
+    label: str
+    launch_error: LaunchError | None
+    now: datetime
+
+    @property
+    def is_active(self) -> bool:
+        return self.run.status in ACTIVE_RUN_STATUSES
+
+    @property
+    def elapsed(self) -> float | None:
+        """Wall time: final once finished, running so far while it runs."""
+        run = self.run
+        if run.wall_seconds is not None:
+            return run.wall_seconds
+        if run.started_at is not None:
+            end = run.finished_at or self.now
+            return max(0.0, (end - run.started_at).total_seconds())
+        return None
+
+    @property
+    def failure_message_shown(self) -> bool:
+        """The failure, unless the launch error beside it already says the same."""
+        run = self.run
+        if not run.failure_code:
+            return False
+        return self.launch_error is None or run.failure_message.strip() not in (
+            "",
+            self.launch_error.message.strip(),
+        )
+
+    @property
+    def cost_is_unknown(self) -> bool:
+        """An ended run that did work without a price: "unknown price", never $0 or a dash.
+
+        While a run is active its cost is simply not computed yet.
+        """
+        run = self.run
+        return (
+            run.cost_usd is None
+            and run.is_finished
+            and (run.status == RunStatus.COMPLETED or run.total_tokens > 0)
+        )
+
+
+def _run_cards(runs: list[Run], labels: dict[str, str]) -> list[RunCard]:
+    now = timezone.now()
+    return [
+        RunCard(
+            run=run,
+            label=labels.get(run.model, run.model),
+            launch_error=next(iter(run.launch_errors.all()), None),
+            now=now,
+        )
+        for run in runs
+    ]
+
+
+@dataclass
+class ThreadGroup:
+    thread: Thread
+    cards: list[RunCard]
+
+
+@dataclass
+class StatusCount:
+    status: str
+    label: str
+    count: int
+
+
+def _status_counts(runs: list[Run]) -> list[StatusCount]:
+    counts = [
+        StatusCount(value, label, sum(1 for run in runs if run.status == value))
+        for value, label in RunStatus.choices
+    ]
+    return [item for item in counts if item.count]
+
+
+def batch_state(*, active: int, unreported: int) -> tuple[str, str]:
+    """(badge class, label) of a batch from its counts of active and unreported runs."""
+    if active:
+        return "running", "In progress"
+    if unreported:
+        return "finished", "Finished · reviews pending"
+    return "results_ready", "Results ready"
+
+
+@login_required
+def batch_list(request: HttpRequest) -> HttpResponse:
+    by_status = {
+        f"count_{value}": Count("runs", filter=Q(runs__status=value)) for value in RunStatus.values
+    }
+    batches = (
+        Batch.objects.visible_to(request.user)
+        .select_related("owner")
+        .annotate(
+            run_count=Count("runs"),
+            known_cost=Sum("runs__cost_usd"),
+            unknown_cost=Count(
+                "runs", filter=Q(runs__status=RunStatus.COMPLETED, runs__cost_usd__isnull=True)
+            ),
+            **by_status,
+        )
+        .order_by("-approved_at", "-id")
+    )
+    page = Paginator(batches, BATCHES_PER_PAGE).get_page(request.GET.get("page"))
+    page_ids = [batch.pk for batch in page.object_list]
+    unreported = dict(
+        Run.objects.filter(batch__in=page_ids, status=RunStatus.COMPLETED)
+        .filter(RunQuerySet.waiting_for_results())
+        .values("batch")
+        .annotate(count=Count("id"))
+        .values_list("batch", "count")
+    )
+    titles: dict[int, list[Thread]] = {}
+    runs = (
+        Run.objects.filter(batch__in=[batch.pk for batch in page.object_list])
+        .select_related("thread")
+        .order_by("batch_id", "thread_id")
+    )
+    for run in runs:
+        threads = titles.setdefault(run.batch_id, [])
+        if run.thread not in threads:
+            threads.append(run.thread)
+    labels = model_labels()
+    rows = []
+    for batch in page.object_list:
+        active = sum(getattr(batch, f"count_{value}") for value in ACTIVE_RUN_STATUSES)
+        state, state_label = batch_state(active=active, unreported=unreported.get(batch.pk, 0))
+        rows.append(
+            {
+                "batch": batch,
+                "threads": titles.get(batch.pk, []),
+                "models": [(model, labels.get(model, model)) for model in batch.models_list],
+                "counts": [
+                    StatusCount(value, label, getattr(batch, f"count_{value}"))
+                    for value, label in RunStatus.choices
+                    if getattr(batch, f"count_{value}")
+                ],
+                "state": state,
+                "state_label": state_label,
+            }
+        )
+    return render(
+        request,
+        "replays/batch_list.html",
+        {
+            "page": page,
+            "rows": rows,
+            "page_range": page.paginator.get_elided_page_range(
+                page.number, on_each_side=2, on_ends=1
+            ),
+            "show_owner": request.user.is_staff,
+        },
+    )
+
+
+@login_required
+def batch_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    batch = get_object_or_404(Batch.objects.visible_to(request.user).select_related("plan"), pk=pk)
+    # A batch is shown whole, however old its runs are: no window here.
+    runs = list(
+        batch.runs.select_related("thread")
+        .with_current_report()
+        .prefetch_related(Prefetch("launch_errors", queryset=LaunchError.objects.order_by("id")))
+    )
+    model_order = {model: index for index, model in enumerate(batch.models_list)}
+    runs.sort(key=lambda run: (model_order.get(run.model, len(model_order)), run.pk))
+    labels = model_labels()
+    cards = _run_cards(runs, labels)
+    groups: dict[int, ThreadGroup] = {}
+    for card in cards:
+        thread = card.run.thread
+        groups.setdefault(thread.pk, ThreadGroup(thread=thread, cards=[])).cards.append(card)
+    active = sum(1 for run in runs if run.status in ACTIVE_RUN_STATUSES)
+    unreported = sum(
+        1 for run in runs if run.status == RunStatus.COMPLETED and run.current_report is None
+    )
+    state, state_label = batch_state(active=active, unreported=unreported)
+    known = [run.cost_usd for run in runs if run.cost_usd is not None]
+    finished_at = max((run.finished_at for run in runs if run.finished_at), default=None)
+    return render(
+        request,
+        "replays/batch_detail.html",
+        {
+            "batch": batch,
+            "groups": list(groups.values()),
+            "models": [(model, labels.get(model, model)) for model in batch.models_list],
+            "counts": _status_counts(runs),
+            "run_count": len(runs),
+            "active": active,
+            "state": state,
+            "state_label": state_label,
+            "finished_at": None if active else finished_at,
+            "known_cost": sum(known, Decimal(0)) if known else None,
+            "unknown_cost_runs": sum(1 for card in cards if card.cost_is_unknown),
+            "tokens": sum(run.total_tokens for run in runs),
+            "refresh_seconds": 3 if active else None,
+        },
+    )
+
+
+@login_required
+@require_POST
+def batch_cancel(request: HttpRequest, pk: int) -> HttpResponse:
+    batch = get_object_or_404(Batch.objects.visible_to(request.user), pk=pk)
+    active_before = batch.runs.filter(status__in=ACTIVE_RUN_STATUSES).count()
+    dispatch.cancel_batch(batch=batch)
+    if not active_before:
+        messages.info(request, "Nothing to cancel: every run of this batch had already ended.")
+    else:
+        running = batch.runs.filter(status=RunStatus.RUNNING).count()
+        cancelled = active_before - running
+        text = f"Cancelled {cancelled} run{pluralize(cancelled)}."
+        if running:
+            text += f" {running} running run{pluralize(running)} will stop within a few seconds."
+        messages.success(request, text)
+    return redirect(batch)
+
+
+# --- Runs ----------------------------------------------------------------------------------
+
+
+@dataclass
+class DiffLine:
+    kind: str  # file, meta, hunk, add, del, context, note
+    text: str
+
+
+def diff_lines(diff: str) -> list[DiffLine]:
+    """A unified git diff cut into lines classed for colouring (the template escapes the text).
+
+    Inside a hunk the first character decides; a removed line that reads "--- x" is
+    still a removal, so headers are only recognised between `diff --git` and `@@`.
+    """
+    lines: list[DiffLine] = []
+    in_hunk = False
+    for text in diff.splitlines():
+        if text.startswith("diff --git "):
+            in_hunk = False
+            kind = "file"
+        elif text.startswith("@@"):
+            in_hunk = True
+            kind = "hunk"
+        elif not in_hunk:
+            kind = "meta"
+        elif text.startswith("+"):
+            kind = "add"
+        elif text.startswith("-"):
+            kind = "del"
+        elif text.startswith("\\"):
+            kind = "note"
+        else:
+            kind = "context"
+        lines.append(DiffLine(kind, text))
+    return lines
+
+
+@login_required
+def run_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    run = get_object_or_404(
+        Run.objects.visible_to(request.user).select_related("thread", "batch"), pk=pk
+    )
+    [card] = _run_cards([run], model_labels())
+    lines = diff_lines(run.diff)
+    configuration = dict(run.configuration)
+    request_text = configuration.pop("request", None)
+    return render(
+        request,
+        "replays/run_detail.html",
+        {
+            "run": run,
+            "card": card,
+            "diff_lines": lines[:MAX_DIFF_LINES],
+            "diff_line_count": len(lines),
+            "diff_truncated": len(lines) > MAX_DIFF_LINES,
+            "additions": sum(1 for line in lines if line.kind == "add"),
+            "deletions": sum(1 for line in lines if line.kind == "del"),
+            "configuration_json": json.dumps(configuration, indent=2, ensure_ascii=False),
+            "request_text": request_text,
+            "report_json": (
+                json.dumps(report.data, indent=2, ensure_ascii=False)
+                if (report := run.current_report) is not None
+                else None
+            ),
+            "raw_diff_url": reverse("api-run-diff", args=[run.pk]),
+            "refresh_seconds": 3 if card.is_active else None,
+        },
+    )
+
+
+@login_required
+@require_POST
+def run_cancel(request: HttpRequest, pk: int) -> HttpResponse:
+    run = get_object_or_404(
+        Run.objects.visible_to(request.user).select_related("thread", "batch"), pk=pk
+    )
+    before = run.status
+    run = dispatch.cancel_run(run=run)
+    name = f"Run {run.pk} ({run.model})"
+    if run.status == RunStatus.CANCELLED and before != RunStatus.CANCELLED:
+        messages.success(request, f"{name} cancelled.")
+    elif run.status == RunStatus.RUNNING:
+        messages.info(request, f"Cancel requested: {name} stops within a few seconds.")
+    else:
+        messages.info(request, f"{name} had already ended ({run.get_status_display().lower()}).")
+    return redirect(safe_next(request, run.batch.get_absolute_url()))
