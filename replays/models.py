@@ -522,6 +522,9 @@ class Review(TokenTotals):
     # Who derives it ("host:pid@create_time") and their last sign of life.
     claimed_by = models.CharField(max_length=320, blank=True)
     heartbeat_at = models.DateTimeField(null=True, blank=True)
+    # The historical diff itself (cut beyond REPLAYS_MAX_DIFF_BYTES), so pages and exports
+    # show it from the database, on machines that do not have the repository.
+    historical_diff = models.TextField(blank=True)
     # [{"id": "c1", "text": "...", "source": "evaluator" | "tests"}]
     checks = models.JSONField(default=list, blank=True)
     # {"baseline": TreeTests, "historical": TreeTests, "sets": TestSets, "test_files": [...]}

@@ -237,6 +237,8 @@ def test_the_bundled_sample_calibrates_history_ties_and_no_change_loses(lab: Eva
     assert historical.data["historical"]["cost_usd"] == pytest.approx(float(turn.cost_usd))
     assert historical.data["historical"]["files_changed"] == 2
     assert historical.review_id == empty.review_id  # one review for both models
+    # The review keeps the historical diff: pages show it without the repository.
+    assert Review.objects.get().historical_diff == runs["historical"].diff
 
 
 def test_history_replayed_never_loses_to_a_model_judge_and_no_change_does(lab: Eval) -> None:

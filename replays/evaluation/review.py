@@ -241,6 +241,7 @@ def _work(
         raise ReviewFailed(f"The historical result cannot be read: {exc}") from None
     if repos.sha256_text(diff) != key.historical_result_sha256:
         raise ReviewFailed("The historical result changed since the plan was approved.")
+    stored = {"historical_diff": storable_diff(diff)}
     tests = _historical_tests(key, inputs, diff, folder, beat)
     info = _evaluator(key.evaluator)
     if info.is_tests:
@@ -251,9 +252,16 @@ def _work(
                 "The `tests` evaluator needs the verify command to pass on the historical "
                 f"ending: {sets.reason if sets else 'no verify command was given.'}",
                 tests=tests,
+                **stored,
             )
         # No model was asked: the checks cost nothing (a known zero, not unknown).
-        return {"tests": tests, "checks": found, "audit": {}, "cost_usd": Decimal(0)}
+        return {
+            "tests": tests,
+            "checks": found,
+            "audit": {},
+            "cost_usd": Decimal(0),
+            **stored,
+        }
     prompt = checks_prompt(request=inputs.request, diff=diff, tests=tests)
     answer, seconds = evaluators.ask(
         info,
@@ -265,7 +273,7 @@ def _work(
         tick=beat,
     )
     audit = {"prompt": prompt, "raw": answer.raw, "seconds": seconds, "notes": answer.notes}
-    spent = {"cost_usd": answer.cost_usd, **answer.usage.as_dict()}
+    spent = {"cost_usd": answer.cost_usd, **answer.usage.as_dict(), **stored}
     if answer.answer is None:
         raise ReviewFailed(
             f"The evaluator {info.id} gave no usable checks: {answer.error}",
@@ -455,6 +463,14 @@ def checks_prompt(*, request: str, diff: str, tests: dict[str, Any]) -> str:
         tests=describe_reference_tests(tests),
         max_checks=MAX_CHECKS,
     )
+
+
+def storable_diff(diff: str) -> str:
+    """A diff as a row keeps it: cut beyond REPLAYS_MAX_DIFF_BYTES, with a note saying so."""
+    limit = settings.REPLAYS_MAX_DIFF_BYTES
+    if len(diff.encode("utf-8", errors="surrogateescape")) <= limit:
+        return diff.encode("utf-8", errors="surrogateescape").decode("utf-8", errors="replace")
+    return diff[:limit] + f"\n[replays] The diff is larger than {limit:,} bytes; it is cut here.\n"
 
 
 def cut_diff(diff: str) -> str:
