@@ -504,8 +504,9 @@ def test_batch_page_shows_every_run_as_a_card(
     assert "$0" not in page
     assert "1m 15s" in page and "1.2k" in page
     assert "Queued" in page and "Completed" in page
-    # One run is still queued: the page refreshes itself and offers to cancel.
-    assert '<meta http-equiv="refresh" content="3">' in page
+    # One run is still queued: the page polls for its live part (htmx) and offers to cancel;
+    # no full-page refresh.
+    assert 'hx-trigger="every 2s"' in page and 'http-equiv="refresh"' not in page
     assert "Cancel batch" in page
     assert page.count(">Cancel</button>") == 1
 
@@ -517,7 +518,7 @@ def test_a_finished_batch_stops_refreshing_and_says_results_ready(
     finish(historical, RunStatus.COMPLETED, cost_usd=Decimal("0"), winner="tie")
     finish(empty, RunStatus.CANCELLED)
     page = logged_in_client.get(batch.get_absolute_url()).content.decode()
-    assert 'http-equiv="refresh"' not in page
+    assert "hx-trigger" not in page and 'http-equiv="refresh"' not in page
     assert "Results ready" in page
     assert "Cancel batch" not in page and ">Cancel</button>" not in page
 
@@ -676,8 +677,8 @@ def test_run_page_shows_the_exact_configuration_with_the_request_collapsed(
     assert "&quot;request&quot;" not in page
     details = page[page.index('<details class="request-details">') :]
     assert run.configuration["request"] in details
-    # Still queued: refreshes and can be cancelled from here too.
-    assert 'http-equiv="refresh"' in page and "Cancel run" in page
+    # Still queued: polls for its live part and can be cancelled from here too.
+    assert 'hx-trigger="every 2s"' in page and "Cancel run" in page
 
 
 def test_raw_diff_link_serves_the_diff_to_the_logged_in_user(

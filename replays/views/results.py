@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from datetime import datetime
 from decimal import Decimal
 
 from django.contrib import messages
@@ -24,80 +23,26 @@ from replays.models import (
     Batch,
     LaunchError,
     Run,
-    RunQuerySet,
     RunStatus,
     Thread,
+)
+from replays.views.cards import (
+    RunCard,
+    batch_results,
+    batch_state,
+    run_cards,
+    unreported_counts,
 )
 from replays.views.common import model_labels, safe_next
 
 BATCHES_PER_PAGE = 25
 # The diff on the run page is for reading; the raw diff link has all of it.
 MAX_DIFF_LINES = 5000
+# How often a page with active runs asks for its live part again.
+POLL_SECONDS = 2
 
 
 # --- Batches -------------------------------------------------------------------------------
-
-
-@dataclass
-class RunCard:
-    """One run as its card shows it."""
-
-    run: Run
-    label: str
-    launch_error: LaunchError | None
-    now: datetime
-
-    @property
-    def is_active(self) -> bool:
-        return self.run.status in ACTIVE_RUN_STATUSES
-
-    @property
-    def elapsed(self) -> float | None:
-        """Wall time: final once finished, running so far while it runs."""
-        run = self.run
-        if run.wall_seconds is not None:
-            return run.wall_seconds
-        if run.started_at is not None:
-            end = run.finished_at or self.now
-            return max(0.0, (end - run.started_at).total_seconds())
-        return None
-
-    @property
-    def failure_message_shown(self) -> bool:
-        """The failure, unless the launch error beside it already says the same."""
-        run = self.run
-        if not run.failure_code:
-            return False
-        return self.launch_error is None or run.failure_message.strip() not in (
-            "",
-            self.launch_error.message.strip(),
-        )
-
-    @property
-    def cost_is_unknown(self) -> bool:
-        """An ended run that did work without a price: "unknown price", never $0 or a dash.
-
-        While a run is active its cost is simply not computed yet.
-        """
-        run = self.run
-        return (
-            run.cost_usd is None
-            and run.is_finished
-            and (run.status == RunStatus.COMPLETED or run.total_tokens > 0)
-        )
-
-
-def _run_cards(runs: list[Run], labels: dict[str, str]) -> list[RunCard]:
-    now = timezone.now()
-    return [
-        RunCard(
-            run=run,
-            label=labels.get(run.model, run.model),
-            launch_error=next(iter(run.launch_errors.all()), None),
-            now=now,
-        )
-        for run in runs
-    ]
 
 
 @dataclass
@@ -121,15 +66,6 @@ def _status_counts(runs: list[Run]) -> list[StatusCount]:
     return [item for item in counts if item.count]
 
 
-def batch_state(*, active: int, unreported: int) -> tuple[str, str]:
-    """(badge class, label) of a batch from its counts of active and unreported runs."""
-    if active:
-        return "running", "In progress"
-    if unreported:
-        return "finished", "Finished · reviews pending"
-    return "results_ready", "Results ready"
-
-
 @login_required
 def batch_list(request: HttpRequest) -> HttpResponse:
     by_status = {
@@ -149,14 +85,7 @@ def batch_list(request: HttpRequest) -> HttpResponse:
         .order_by("-approved_at", "-id")
     )
     page = Paginator(batches, BATCHES_PER_PAGE).get_page(request.GET.get("page"))
-    page_ids = [batch.pk for batch in page.object_list]
-    unreported = dict(
-        Run.objects.filter(batch__in=page_ids, status=RunStatus.COMPLETED)
-        .filter(RunQuerySet.waiting_for_results())
-        .values("batch")
-        .annotate(count=Count("id"))
-        .values_list("batch", "count")
-    )
+    unreported = unreported_counts([batch.pk for batch in page.object_list])
     titles: dict[int, list[Thread]] = {}
     runs = (
         Run.objects.filter(batch__in=[batch.pk for batch in page.object_list])
@@ -212,21 +141,23 @@ def batch_detail(request: HttpRequest, pk: int) -> HttpResponse:
     model_order = {model: index for index, model in enumerate(batch.models_list)}
     runs.sort(key=lambda run: (model_order.get(run.model, len(model_order)), run.pk))
     labels = model_labels()
-    cards = _run_cards(runs, labels)
+    cards = run_cards(runs, labels, timezone.now())
     groups: dict[int, ThreadGroup] = {}
     for card in cards:
         thread = card.run.thread
         groups.setdefault(thread.pk, ThreadGroup(thread=thread, cards=[])).cards.append(card)
     active = sum(1 for run in runs if run.status in ACTIVE_RUN_STATUSES)
-    unreported = sum(
-        1 for run in runs if run.status == RunStatus.COMPLETED and run.current_report is None
+    state, state_label = batch_state(
+        active=active, unreported=unreported_counts([batch.pk]).get(batch.pk, 0)
     )
-    state, state_label = batch_state(active=active, unreported=unreported)
     known = [run.cost_usd for run in runs if run.cost_usd is not None]
     finished_at = max((run.finished_at for run in runs if run.finished_at), default=None)
+    # While runs are active the page polls for this part (htmx) and swaps it in place; the
+    # last answer, with nothing active, no longer asks to be polled.
+    template = "replays/includes/batch_live.html" if request.htmx else "replays/batch_detail.html"
     return render(
         request,
-        "replays/batch_detail.html",
+        template,
         {
             "batch": batch,
             "groups": list(groups.values()),
@@ -240,7 +171,8 @@ def batch_detail(request: HttpRequest, pk: int) -> HttpResponse:
             "known_cost": sum(known, Decimal(0)) if known else None,
             "unknown_cost_runs": sum(1 for card in cards if card.cost_is_unknown),
             "tokens": sum(run.total_tokens for run in runs),
-            "refresh_seconds": 3 if active else None,
+            "results": batch_results(cards),
+            "poll_seconds": POLL_SECONDS if active else None,
         },
     )
 
@@ -304,15 +236,20 @@ def diff_lines(diff: str) -> list[DiffLine]:
 @login_required
 def run_detail(request: HttpRequest, pk: int) -> HttpResponse:
     run = get_object_or_404(
-        Run.objects.visible_to(request.user).select_related("thread", "batch"), pk=pk
+        Run.objects.visible_to(request.user)
+        .select_related("thread", "batch")
+        .with_current_report()
+        .prefetch_related("launch_errors"),
+        pk=pk,
     )
-    [card] = _run_cards([run], model_labels())
+    [card] = run_cards([run], model_labels(), timezone.now())
     lines = diff_lines(run.diff)
     configuration = dict(run.configuration)
     request_text = configuration.pop("request", None)
+    template = "replays/includes/run_live.html" if request.htmx else "replays/run_detail.html"
     return render(
         request,
-        "replays/run_detail.html",
+        template,
         {
             "run": run,
             "card": card,
@@ -325,11 +262,11 @@ def run_detail(request: HttpRequest, pk: int) -> HttpResponse:
             "request_text": request_text,
             "report_json": (
                 json.dumps(report.data, indent=2, ensure_ascii=False)
-                if (report := run.current_report) is not None
+                if (report := card.report) is not None
                 else None
             ),
             "raw_diff_url": reverse("api-run-diff", args=[run.pk]),
-            "refresh_seconds": 3 if card.is_active else None,
+            "poll_seconds": POLL_SECONDS if card.is_active else None,
         },
     )
 
