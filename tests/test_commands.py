@@ -78,7 +78,7 @@ def test_setup_demo_imports_the_samples_clones_the_repository_and_sets_a_passwor
     var_dir: Path,
 ) -> None:
     out = io.StringIO()
-    call_command("setup_demo", stdout=out, stderr=io.StringIO())
+    call_command("setup_demo", "--no-replay", stdout=out, stderr=io.StringIO())
     text = out.getvalue()
     assert "4 new" in text
     password = text.split("and password ")[1].split()[0]
@@ -86,5 +86,37 @@ def test_setup_demo_imports_the_samples_clones_the_repository_and_sets_a_passwor
     assert (var_dir / "sample-repo" / ".git").is_dir()
     assert "manage.py replay --thread" in text
     again = io.StringIO()
-    call_command("setup_demo", stdout=again, stderr=io.StringIO())
+    call_command("setup_demo", "--no-replay", stdout=again, stderr=io.StringIO())
     assert "4 unchanged" in again.getvalue() and "Reset the password" in again.getvalue()
+
+
+def test_setup_demo_lands_on_a_finished_judged_replay_once(
+    process_env: dict[str, str], tmp_path: Path
+) -> None:
+    """What `make demo` runs: a new user starts on a finished comparison, without any agent."""
+    import subprocess
+    import sys
+
+    from replays.models import Batch
+
+    manage = Path(__file__).resolve().parent.parent / "manage.py"
+    env = {**process_env, "REPLAYS_VAR_DIR": str(tmp_path / "var"),
+           "REPLAYS_RUN_ROOT": str(tmp_path / "var" / "runs")}  # fmt: skip
+    first = subprocess.run(
+        [sys.executable, str(manage), "setup_demo"], env=env, capture_output=True, text=True,
+        timeout=180, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert first.returncode == 0, first.stdout + first.stderr
+    [batch] = Batch.objects.all()
+    runs = {run.model: run for run in batch.runs.all()}
+    assert {run.status for run in runs.values()} == {"completed"}
+    assert runs["historical"].current_report.winner == "tie"
+    assert runs["empty"].current_report.winner == "historical"
+    assert batch.results_ready and batch.evaluator == "tests"
+    assert "1.00 / 0.00" in first.stdout  # the replay command's table
+    again = subprocess.run(
+        [sys.executable, str(manage), "setup_demo"], env=env, capture_output=True, text=True,
+        timeout=120, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert again.returncode == 0 and "replayed already" in again.stdout
+    assert Batch.objects.count() == 1

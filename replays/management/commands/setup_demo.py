@@ -9,10 +9,11 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.models import User
+from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandParser
 
 from replays import importing
-from replays.models import Thread
+from replays.models import Batch, Thread
 
 SAMPLES = settings.BASE_DIR / "tests" / "fixtures" / "transcripts" / "real"
 SAMPLE_BUNDLE = settings.BASE_DIR / "tests" / "fixtures" / "repos" / "sample.bundle"
@@ -24,6 +25,12 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--username", default="demo")
         parser.add_argument("--samples", type=Path, default=SAMPLES)
+        parser.add_argument(
+            "--no-replay",
+            action="store_true",
+            help="Do not replay the sample thread (by default it is replayed once, with the "
+            "two calibration baselines judged by the sample's own tests).",
+        )
 
     def handle(self, *args: Any, username: str, samples: Path, **options: Any) -> None:
         summary = importing.ImportSummary()
@@ -50,16 +57,32 @@ class Command(BaseCommand):
             )
         )
         thread = Thread.objects.filter(source_kind="claude_code").order_by("started_at").first()
-        if thread is not None and repository is not None:
-            # The sample's own tests judge it offline: no model is asked.
-            verify = f"{sys.executable} -m pytest -q -p no:cacheprovider --junitxml={{junit_xml}}"
+        if thread is None or repository is None:
+            return
+        replay = self.sample_replay(thread, repository, username)
+        if options["no_replay"]:
             self.stdout.write(
                 "Try a replay with the calibration baselines, judged by the sample's tests:\n"
-                f"  .venv/bin/python manage.py replay --thread {thread.pk} "
-                f"--from {thread.turns.get(index=0).message_uuid} --model historical --model empty "
-                f"--repository {repository} --verify-command {shlex.quote(verify)} "
-                f"--evaluator tests --user {username} --yes --wait"
+                f"  .venv/bin/python manage.py {shlex.join(replay)}"
             )
+        elif Batch.objects.filter(owner=user, runs__thread=thread).exists():
+            self.stdout.write("The sample thread was replayed already: see /batches/.")
+        else:
+            self.stdout.write("Replaying the sample thread with the calibration baselines…")
+            # The same command a user runs; it dispatches itself, so no cluster is needed.
+            call_command(*replay, stdout=self.stdout, stderr=self.stderr)
+
+    def sample_replay(self, thread: Thread, repository: Path, username: str) -> list[str]:
+        """`replay` of the sample thread's first request with `historical` and `empty`,
+        judged offline by the sample repository's own tests (no model is asked)."""
+        verify = f"{sys.executable} -m pytest -q -p no:cacheprovider --junitxml={{junit_xml}}"
+        return [
+            "replay", "--thread", str(thread.pk),
+            "--from", thread.turns.get(index=0).message_uuid,
+            "--model", "historical", "--model", "empty",
+            "--repository", str(repository), "--verify-command", verify,
+            "--evaluator", "tests", "--user", username, "--yes", "--wait",
+        ]  # fmt: skip
 
     def sample_repository(self) -> Path | None:
         """The repository the sample sessions worked in, cloned from its bundle (once)."""
