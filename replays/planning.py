@@ -48,6 +48,12 @@ REQUEST_SEPARATOR = "\n\n---\n\n"
 # Users commit an agent's work right after it finishes: commits this soon after the
 # thread's end still count as its result.
 ENDING_GRACE = timedelta(minutes=10)
+# Known clones offered when a thread's folder is not a repository: how many, and how far
+# back the user's own plans are searched for them.
+MAX_KNOWN_CLONES = 5
+KNOWN_CLONE_PLANS = 200
+# Where setup_demo clones the sample sessions' repository, under REPLAYS_VAR_DIR.
+DEMO_CLONE = "sample-repo"
 CONFIGURATION_KEYS = {
     "thread_id",
     "start_message_uuid",
@@ -470,12 +476,13 @@ def resolve_thread(
         if given_repository:
             prep.blockers.append(f"{given_repository} is not a git repository.")
         else:
+            # The choices (known clones) depend on who asks: prepare_thread fills them in.
             prep.questions.append(
                 {
                     "thread_id": thread.pk,
                     "field": "repository",
                     "message": f"The thread's folder {thread.cwd or '(none recorded)'} is not a git "
-                    "repository here. Give `repository`: the path of a clone of it.",
+                    "repository here. Where is a clone of it?",
                     "choices": [],
                 }
             )
@@ -543,6 +550,41 @@ def _decide_commit(
     return resolution.commit if not (resolution.blocker or resolution.question) else None
 
 
+def known_clones(*, owner: AbstractBaseUser, thread: Thread) -> list[dict[str, str]]:
+    """Git repositories here that are likely clones of the thread's repository, offered as
+    answers when its folder is not one: first those this user's own earlier plans used for
+    threads in the same folder (newest first; never another user's paths), then the demo
+    clone when it holds a commit recorded by a thread in that folder (Codex records the
+    commit a session started from; the demo's Claude Code sessions share their folder with
+    its Codex sessions, so they find it too). Each is `{"repository", "reason"}`."""
+    same_folder = Thread.objects.filter(cwd=thread.cwd) if thread.cwd else None
+    thread_ids = set(same_folder.values_list("pk", flat=True)) if same_folder else {thread.pk}
+    recorded = {thread.git_commit} - {""}
+    if same_folder:
+        commits = same_folder.exclude(git_commit="").order_by().values_list("git_commit", flat=True)
+        recorded |= set(commits.distinct()[:MAX_KNOWN_CLONES])
+    found: dict[str, str] = {}
+    earlier = Plan.objects.filter(owner=owner).order_by("-created_at", "-pk")
+    for plan_id, preparations in earlier.values_list("pk", "preparations")[:KNOWN_CLONE_PLANS]:
+        for prep in preparations if isinstance(preparations, list) else []:
+            path = prep.get("repository")
+            if path and prep.get("thread_id") in thread_ids and path not in found:
+                top = _work_tree_top(path)
+                if top is not None and len(found) < MAX_KNOWN_CLONES:
+                    found.setdefault(top, f"used by your plan {plan_id}")
+    demo = _work_tree_top(str(Path(settings.REPLAYS_VAR_DIR) / DEMO_CLONE))
+    if demo is not None and demo not in found and len(found) < MAX_KNOWN_CLONES:
+        if any(repos.resolve_commit(Path(demo), commit) for commit in recorded):
+            found[demo] = "the demo clone"
+    return [{"repository": path, "reason": reason} for path, reason in found.items()]
+
+
+def _work_tree_top(path: str) -> str | None:
+    """The path when it is the top of a git work tree here (a folder inside one is no clone)."""
+    top = repos.find_repository(Path(path))
+    return str(top) if top is not None and top == Path(path).resolve() else None
+
+
 def _next_session_start(thread: Thread) -> Any:
     """When the range ends the thread, commits made soon after it count as its result, but
     not those of a session that started in the same folder meanwhile."""
@@ -588,7 +630,12 @@ def effective_test_paths(configuration: dict[str, Any]) -> list[str]:
 
 
 def prepare_thread(
-    thread: Thread, item: dict[str, Any], configuration: dict[str, Any], *, evaluator: str
+    thread: Thread,
+    item: dict[str, Any],
+    configuration: dict[str, Any],
+    *,
+    evaluator: str,
+    owner: AbstractBaseUser,
 ) -> ThreadPreparation:
     """Resolve the thread once per model: every model must see the same baseline and result."""
     first: ThreadPreparation | None = None
@@ -624,6 +671,9 @@ def prepare_thread(
                 first, model, configuration, evaluator
             )
     assert first is not None
+    for question in first.questions:
+        if question["field"] == "repository":
+            question["choices"] = known_clones(owner=owner, thread=thread)
     return first
 
 
@@ -665,7 +715,7 @@ def resolve_plan_evaluator(configuration: dict[str, Any]) -> tuple[str, list[str
     if info.is_tests and not configuration["verify_command"]:
         return (
             info.id,
-            ["The `tests` evaluator scores from the verify command alone: give a verify command."],
+            ["The tests evaluator scores from the verify command alone: give a verify command."],
             [],
         )
     if not info.available:
@@ -681,10 +731,22 @@ def resolve_plan_evaluator(configuration: dict[str, Any]) -> tuple[str, list[str
 
 
 NO_EVALUATOR = (
-    "No evaluator can judge this plan, so its runs will not be judged: name one with "
-    "`evaluator`, give a verify command (for the offline `tests` evaluator), or configure "
-    "an agent that can judge."
+    "No evaluator can judge this plan, so its runs will not be judged: name an evaluator, "
+    "give a verify command (for the offline tests evaluator), or configure an agent that "
+    "can judge."
 )
+
+# A plan's status as words that read in a sentence ("Plan 4 needs your input"), for the
+# messages of every door; the badges show the status's own label.
+STATUS_PHRASES = {
+    PlanStatus.READY_FOR_APPROVAL: "is ready for approval",
+    PlanStatus.BLOCKED: "is blocked",
+    PlanStatus.NEEDS_USER_INPUT: "needs your input",
+}
+
+
+def status_phrase(status: str) -> str:
+    return STATUS_PHRASES.get(status, f"is {status}")
 
 
 # --- The service -----------------------------------------------------------------------
@@ -704,7 +766,7 @@ def prepare_plan(*, owner: AbstractBaseUser, raw_configuration: Any) -> Prepared
     if evaluator not in unavailable:  # else the same reason is said once, for the model
         plan_blockers += evaluator_blockers
     preparations = [
-        prepare_thread(thread, item, configuration, evaluator=evaluator)
+        prepare_thread(thread, item, configuration, evaluator=evaluator, owner=owner)
         for thread, item in zip(threads, configuration["configurations"], strict=True)
     ]
     blockers = plan_blockers + [b for prep in preparations for b in prep.blockers]

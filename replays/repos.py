@@ -89,7 +89,9 @@ class Question:
     """Prepare cannot decide: ask the user; `field` is the configuration key that answers it."""
 
     field: str  # "repository" | "baseline_commit" | "ending_commit"
-    message: str  # a readable question naming the choices
+    # A readable question naming the choices, in words that fit every door: the page, the
+    # command line and the API each say how to answer it (a field, an option, a key).
+    message: str
     choices: list[Commit]  # candidate commits, newest first (may be empty)
 
 
@@ -421,14 +423,14 @@ def resolve_baseline(
                 field="baseline_commit",
                 message=(
                     f"{note}No commit on {branches.label} before the request at {when}. "
-                    "Which commit did the session start from? Give baseline_commit"
+                    "Which commit did the session start from?"
                     + (
-                        "; the first commits after it are: "
+                        " The first commits after it are: "
                         + ", ".join(c.describe() for c in after)
+                        + "."
                         if after
                         else ""
                     )
-                    + "."
                 ),
                 choices=after,
             ),
@@ -439,8 +441,7 @@ def resolve_baseline(
             field="baseline_commit",
             message=(
                 f"{note}The last commit before the request at {when} differs between "
-                f"{branches.label}: {listing}. Which one did the session start from? "
-                "Give baseline_commit."
+                f"{branches.label}: {listing}. Which one did the session start from?"
             ),
             choices=found,
         ),
@@ -499,7 +500,7 @@ def resolve_ending(
                 field="ending_commit",
                 message=(
                     f"{note}No commit on {branches.label} before {until}. "
-                    "Which commit holds the result of the requests? Give ending_commit."
+                    "Which commit holds the result of the requests?"
                 ),
                 choices=later,
             ),
@@ -514,7 +515,7 @@ def resolve_ending(
                 field="ending_commit",
                 message=(
                     f"{note}The last commit before {until} differs between {branches.label}: "
-                    f"{listing}. Which one holds the result of the requests? Give ending_commit."
+                    f"{listing}. Which one holds the result of the requests?"
                 ),
                 choices=found,
             ),
@@ -527,8 +528,8 @@ def resolve_ending(
                 field="ending_commit",
                 message=(
                     f"{note}No commit was made between {short} and {until}: was the work "
-                    "left uncommitted? Give ending_commit (it may equal the baseline if the "
-                    "request changed nothing)."
+                    "left uncommitted? Which commit holds the result (it may equal the baseline "
+                    "if the request changed nothing)?"
                 ),
                 choices=later,
             ),
@@ -541,7 +542,7 @@ def resolve_ending(
                 message=(
                     f"{note}The last commit before {until} on {branches.label} is "
                     f"{ending.describe()}, which does not descend from the baseline {short}. "
-                    "Which commit holds the result of the requests? Give ending_commit."
+                    "Which commit holds the result of the requests?"
                 ),
                 choices=later,
             ),

@@ -4,10 +4,16 @@ the pages, the API, the commands and the exports alike (never computed inside a 
 from __future__ import annotations
 
 import math
+from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass
+from decimal import Decimal
+from typing import TypeVar
 
 # z for a two-sided 95% interval.
 Z_95 = 1.959963984540054
+
+# Medians are taken of floats (seconds) and of Decimals (dollars), never of a mix.
+N = TypeVar("N", float, Decimal)
 
 
 @dataclass(frozen=True)
@@ -35,3 +41,86 @@ def wilson_interval(successes: int, n: int, *, z: float = Z_95) -> Rate:
     centre = (p + z * z / (2 * n)) / denominator
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denominator
     return Rate(successes, n, max(0.0, centre - half), min(1.0, centre + half))
+
+
+def median(values: Iterable[N | None]) -> N | float | None:
+    """The middle value (the mean of the two middle ones for an even count).
+
+    None when there are no values, or when any value is None: an unknown (a cost
+    without a price) makes the median unknown, never a smaller number.
+    """
+    known: list[N] = []
+    for value in values:
+        if value is None:
+            return None
+        known.append(value)
+    if not known:
+        return None
+    known.sort()
+    middle = len(known) // 2
+    if len(known) % 2:
+        return known[middle]
+    return (known[middle - 1] + known[middle]) / 2
+
+
+def total(values: Iterable[Decimal | None]) -> Decimal | None:
+    """The sum; None when any value is None (unknown, never counted as 0). 0 for none."""
+    result = Decimal(0)
+    for value in values:
+        if value is None:
+            return None
+        result += value
+    return result
+
+
+def mean(values: Iterable[float]) -> float | None:
+    """The arithmetic mean; None for no values."""
+    known = list(values)
+    return sum(known) / len(known) if known else None
+
+
+# Two scores this close are equal: they come from the same arithmetic on the same verdicts.
+SCORE_TIE_TOLERANCE = 1e-9
+
+
+@dataclass(frozen=True)
+class Record:
+    """One side's wins, ties and losses against another."""
+
+    wins: int = 0
+    ties: int = 0
+    losses: int = 0
+
+    @property
+    def n(self) -> int:
+        return self.wins + self.ties + self.losses
+
+
+def head_to_head(
+    scores: Mapping[str, Mapping[Hashable, float]],
+) -> dict[tuple[str, str], Record]:
+    """Each ordered pair (a, b) of different models with requests in common: a's record
+    against b over those requests, by score (higher wins, equal ties).
+
+    `scores` maps a model to its score per request key; a pair without a request in
+    common is left out (no record, rather than 0-0-0).
+    """
+    records: dict[tuple[str, str], Record] = {}
+    for a, a_scores in scores.items():
+        for b, b_scores in scores.items():
+            if a == b:
+                continue
+            shared = a_scores.keys() & b_scores.keys()
+            if not shared:
+                continue
+            wins = ties = losses = 0
+            for key in shared:
+                difference = a_scores[key] - b_scores[key]
+                if abs(difference) <= SCORE_TIE_TOLERANCE:
+                    ties += 1
+                elif difference > 0:
+                    wins += 1
+                else:
+                    losses += 1
+            records[(a, b)] = Record(wins, ties, losses)
+    return records

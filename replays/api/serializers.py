@@ -344,3 +344,98 @@ class ModelInfoSerializer(serializers.Serializer):
     available = serializers.BooleanField()
     reason = serializers.CharField(allow_blank=True)
     version = serializers.CharField(allow_blank=True, help_text="The installed agent's version.")
+
+
+# --- Leaderboard and exports -----------------------------------------------------------------
+
+
+class LeaderboardRowSerializer(serializers.Serializer):
+    """One model's figures under one evaluator and prompt version (docs/evaluation.md)."""
+
+    model = serializers.CharField()
+    baseline = serializers.BooleanField(
+        help_text="A calibration baseline (historical, empty): it calibrates the judge."
+    )
+    n = serializers.IntegerField(help_text="wins + ties + losses + failed.")
+    wins = serializers.IntegerField(help_text="Judged better than history.")
+    ties = serializers.IntegerField()
+    losses = serializers.IntegerField(help_text="Judged worse than history.")
+    failed = serializers.IntegerField(
+        help_text="Agent errors, timeouts and launch failures: they count against the model."
+    )
+    not_counted = serializers.IntegerField(
+        help_text="Not in n: review failed, cancelled, our infrastructure failed, or no report yet."
+    )
+    rate = serializers.FloatField(
+        allow_null=True, help_text="As good as history: (wins + ties) / n; null when n is 0."
+    )
+    rate_low = serializers.FloatField(allow_null=True, help_text="Wilson 95% interval, low.")
+    rate_high = serializers.FloatField(allow_null=True, help_text="Wilson 95% interval, high.")
+    mean_score = serializers.FloatField(
+        allow_null=True, help_text="Mean replay score over the judged runs."
+    )
+    total_cost_usd = cost_field()
+    median_cost_usd = cost_field()
+    median_seconds = serializers.FloatField(allow_null=True, help_text="Median wall time.")
+    cost_per_win_usd = cost_field()
+    consistency = serializers.FloatField(
+        allow_null=True,
+        help_text="Share of the judgments whose two orders agreed; null when none was "
+        "judged in both orders (the tests evaluator).",
+    )
+
+
+class FilterChoiceSerializer(serializers.Serializer):
+    value = serializers.CharField(allow_blank=True)
+    count = serializers.IntegerField()
+
+
+class LeaderboardChoicesSerializer(serializers.Serializer):
+    evaluator = FilterChoiceSerializer(
+        many=True, source="evaluators", help_text="With their counts of current judged reports."
+    )
+    prompt_version = FilterChoiceSerializer(many=True, source="prompt_versions")
+    context = FilterChoiceSerializer(many=True, source="contexts")
+    repository = FilterChoiceSerializer(
+        many=True, source="repositories", help_text="With their counts of runs."
+    )
+    agent = FilterChoiceSerializer(many=True, source="agents")
+
+
+class LeaderboardFiltersSerializer(serializers.Serializer):
+    evaluator = serializers.CharField(
+        allow_null=True, help_text="The evaluator the figures are for: given, or the most used."
+    )
+    prompt_version = serializers.CharField(allow_null=True)
+    filters = serializers.DictField(
+        child=serializers.CharField(), source="filters.as_params", help_text="The filters set."
+    )
+    available = LeaderboardChoicesSerializer(source="choices")
+
+
+class BatchResultSerializer(serializers.Serializer):
+    """One run of a batch with its current report (empty report fields without one)."""
+
+    run = serializers.IntegerField()
+    thread = serializers.IntegerField()
+    thread_title = serializers.CharField()
+    model = serializers.CharField()
+    status = serializers.CharField()
+    failure_code = serializers.CharField(allow_blank=True)
+    winner = serializers.CharField(allow_null=True)
+    consistent = serializers.BooleanField(allow_null=True)
+    score_historical = serializers.FloatField(allow_null=True)
+    score_replay = serializers.FloatField(allow_null=True)
+    tests_kept = serializers.IntegerField(
+        allow_null=True, help_text="Reference tests the replay keeps; null without tests."
+    )
+    tests_broken = serializers.IntegerField(allow_null=True)
+    replay_cost_usd = cost_field()
+    historical_cost_usd = cost_field()
+    replay_seconds = serializers.FloatField(allow_null=True)
+    historical_seconds = serializers.FloatField(allow_null=True)
+    evaluator = serializers.CharField(allow_null=True)
+    evaluator_cost_usd = cost_field()
+    report_status = serializers.CharField(
+        allow_null=True, help_text="judged or review_failed; null without a report."
+    )

@@ -18,4 +18,11 @@ urlpatterns = [
     path("runs/<int:pk>/judge", views.RunJudgeView.as_view(), name="api-run-judge"),
     path("models/", views.ModelListView.as_view(), name="api-models"),
     path("evaluators/", views.EvaluatorListView.as_view(), name="api-evaluators"),
+    path("batches/<int:pk>/results", views.BatchResultsView.as_view(), name="api-batch-results"),
+    path("leaderboard/", views.LeaderboardView.as_view(), name="api-leaderboard"),
+    path(
+        "leaderboard/filters",
+        views.LeaderboardFiltersView.as_view(),
+        name="api-leaderboard-filters",
+    ),
 ]

@@ -3,21 +3,27 @@ from __future__ import annotations
 from django.db.models import QuerySet
 from django.http import HttpResponse
 from django.shortcuts import get_object_or_404
+from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import generics, status
 from rest_framework.parsers import MultiPartParser
 from rest_framework.request import Request
 from rest_framework.response import Response
+from rest_framework.serializers import BaseSerializer
 from rest_framework.views import APIView
 
 from replays import agents, approval, dispatch, importing, planning
 from replays.api.errors import ApiError
+from replays.api.renderers import ExportMixin
 from replays.api.serializers import (
     ApprovalSerializer,
     ApproveInputSerializer,
+    BatchResultSerializer,
     BatchSerializer,
     EvaluatorSerializer,
     JudgeInputSerializer,
+    LeaderboardFiltersSerializer,
+    LeaderboardRowSerializer,
     ModelInfoSerializer,
     PlanSerializer,
     ReportSerializer,
@@ -28,7 +34,8 @@ from replays.api.serializers import (
     ThreadImportOutputSerializer,
     ThreadSerializer,
 )
-from replays.evaluation import evaluators
+from replays.evaluation import evaluators, results
+from replays.evaluation import leaderboard as leaderboards
 from replays.evaluation import report as reports
 from replays.models import Batch, Plan, PlanStatus, Run, Thread
 
@@ -288,3 +295,130 @@ class EvaluatorListView(APIView):
     @extend_schema(responses={200: EvaluatorSerializer(many=True)})
     def get(self, request: Request) -> Response:
         return Response(EvaluatorSerializer(evaluators.discover_evaluators(), many=True).data)
+
+
+# --- Leaderboard and exports -----------------------------------------------------------------
+
+_FILTER_PARAMETERS = [
+    OpenApiParameter("repository", str, description="The repository path the runs replayed in."),
+    OpenApiParameter(
+        "agent",
+        str,
+        description="The part of the model id before ':'; `baseline` for the baselines.",
+    ),
+    OpenApiParameter(
+        "evaluator", str, description="Whose judgments count (default: the most used)."
+    ),
+    OpenApiParameter(
+        "prompt_version",
+        str,
+        description="Which prompt version's judgments count (default: the most used).",
+    ),
+    OpenApiParameter("context", str, description="The context the replays ran with (`cold`)."),
+    OpenApiParameter(
+        "since", OpenApiTypes.DATE, description="Runs created on or after this day (UTC)."
+    ),
+    OpenApiParameter(
+        "until", OpenApiTypes.DATE, description="Runs created on or before this day (UTC)."
+    ),
+]
+_FORMAT_PARAMETER = OpenApiParameter(
+    "format", str, enum=["json", "csv"], description="json (the default) or csv."
+)
+_FIGURES_HEADERS = [
+    OpenApiParameter(
+        name,
+        str,
+        location=OpenApiParameter.HEADER,
+        response=[200],
+        description=f"The {what} the figures are for (empty when nothing was judged).",
+    )
+    for name, what in (
+        ("X-Replays-Evaluator", "evaluator"),
+        ("X-Replays-Prompt-Version", "prompt version"),
+    )
+]
+
+
+def _export_responses(
+    rows: BaseSerializer, errors: dict[int, OpenApiResponse]
+) -> dict[int | tuple[int, str], BaseSerializer | OpenApiResponse]:
+    """The rows as JSON, or as CSV with one column per field (`?format=csv`)."""
+    return {
+        (200, "application/json"): rows,
+        (200, "text/csv"): OpenApiResponse(
+            OpenApiTypes.STR, description="A header line, then one line per row."
+        ),
+        **errors,
+    }
+
+
+def _leaderboard(request: Request) -> leaderboards.Leaderboard:
+    try:
+        filters = leaderboards.parse_filters(request.query_params)
+    except leaderboards.InvalidFilter as exc:
+        raise ApiError(
+            code="invalid_filter",
+            message=exc.message,
+            details={"field": exc.field, "value": exc.value},
+        ) from None
+    return leaderboards.leaderboard(user=request.user, filters=filters)
+
+
+class LeaderboardView(ExportMixin, APIView):
+    csv_columns = list(LeaderboardRowSerializer().fields)
+
+    def export_filename(self) -> str:
+        return "leaderboard"
+
+    @extend_schema(
+        parameters=[*_FILTER_PARAMETERS, _FORMAT_PARAMETER, *_FIGURES_HEADERS],
+        responses=_export_responses(
+            LeaderboardRowSerializer(many=True),
+            {400: OpenApiResponse(description="A filter value that cannot be used.")},
+        ),
+        description="Per model, over your runs (staff: everyone's), sorted by the lower bound "
+        "of the rate's Wilson 95% interval. The figures are for one evaluator and one prompt "
+        "version, named in the X-Replays-Evaluator and X-Replays-Prompt-Version headers; "
+        "GET /api/leaderboard/filters lists the values each filter can take.",
+    )
+    def get(self, request: Request) -> Response:
+        board = _leaderboard(request)
+        response = Response(LeaderboardRowSerializer(board.rows, many=True).data)
+        response["X-Replays-Evaluator"] = board.evaluator or ""
+        response["X-Replays-Prompt-Version"] = board.prompt_version or ""
+        return response
+
+
+class LeaderboardFiltersView(APIView):
+    @extend_schema(
+        parameters=_FILTER_PARAMETERS,
+        responses={
+            200: LeaderboardFiltersSerializer,
+            400: OpenApiResponse(description="A filter value that cannot be used."),
+        },
+        description="Which evaluator and prompt version the leaderboard's figures are for with "
+        "these filters, and the values each filter can take among your runs.",
+    )
+    def get(self, request: Request) -> Response:
+        return Response(LeaderboardFiltersSerializer(_leaderboard(request)).data)
+
+
+class BatchResultsView(ExportMixin, APIView):
+    csv_columns = list(BatchResultSerializer().fields)
+
+    def export_filename(self) -> str:
+        return f"batch-{self.kwargs['pk']}-results"  # type: ignore[attr-defined]
+
+    @extend_schema(
+        parameters=[_FORMAT_PARAMETER],
+        responses=_export_responses(
+            BatchResultSerializer(many=True),
+            {404: OpenApiResponse(description="No such batch, or not yours.")},
+        ),
+        description="One row per run of the batch, with its current report.",
+    )
+    def get(self, request: Request, pk: int) -> Response:
+        batch = get_object_or_404(Batch.objects.visible_to(request.user), pk=pk)
+        rows = results.batch_results(batch=batch)
+        return Response(BatchResultSerializer(rows, many=True).data)

@@ -2,6 +2,7 @@
 replays (plan, approval) and results (batches, runs). Thin: reads go straight to the
 models; writes go through the services the commands and the API use."""
 
+from replays.views.comparison import run_compare, run_judge
 from replays.views.replays import plan_approve, plan_detail, plan_prepare_again
 from replays.views.results import batch_cancel, batch_detail, batch_list, run_cancel, run_detail
 from replays.views.threads import thread_detail, thread_list, thread_upload
@@ -18,4 +19,6 @@ __all__ = [
     "thread_detail",
     "thread_list",
     "thread_upload",
+    "run_compare",
+    "run_judge",
 ]
