@@ -175,7 +175,9 @@ VIOLATIONS: dict[str, Callable[[Graph], models.Model]] = {
     "review_cost_usd_gte_0": lambda g: clone(g["review"], end_message_uuid="m-9", cost_usd=-1),
     "report_one_current_per_run": lambda g: clone(g["report"]),
     "report_one_judging_per_run": lambda g: _judging_twice(g),
-    "report_status_valid": lambda g: clone(g["report"], is_current=False, status="maybe"),
+    "report_status_valid": lambda g: clone(
+        g["report"], is_current=False, status="maybe", winner=None, reason="x"
+    ),
     "report_winner_valid": lambda g: clone(g["report"], is_current=False, winner="nobody"),
     "report_winner_only_when_judged": lambda g: clone(
         g["report"], is_current=False, status=ReportStatus.JUDGED, winner=None
