@@ -363,7 +363,10 @@ class _Member:
         )
 
     def _write_run_folder(self) -> None:
-        self.run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        try:
+            runfolder.create_run_folder(self.run.pk)
+        except runfolder.UnsafeRunFolder as exc:
+            raise AgentSetupError(str(exc)) from None
         configuration = {**self.configuration, "run_id": self.run.pk}
         # Both hold the request, which may quote private code or logs: owner only.
         _write_private(
@@ -430,7 +433,7 @@ class _Member:
     def _collect_diff(self, result: _Result, baseline: str) -> None:
         try:
             with _heartbeat_in_background(self.run.pk):
-                diff = repos.workspace_diff(self.workspace, baseline)
+                diff = repos.workspace_diff(self.repo, self.workspace, baseline)
             result.files_changed = len(repos.changed_files(diff))
             limit = settings.REPLAYS_MAX_DIFF_BYTES
             if len(diff.encode("utf-8", errors="surrogateescape")) > limit:

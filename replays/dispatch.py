@@ -27,7 +27,7 @@ from django.db.models import Count, F, QuerySet, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from replays import processes, repos
+from replays import processes, repos, runfolder
 from replays.agents.base import read_tail
 from replays.models import (
     Batch,
@@ -164,6 +164,7 @@ def launch_coordinator(*, run: Run, host: str | None = None) -> bool:
         "REPLAYS_RUN_ROOT": str(settings.REPLAYS_RUN_ROOT),
     }
     try:
+        runfolder.create_run_folder(run.pk)
         _, identity = processes.spawn(
             argv,
             cwd=Path(settings.BASE_DIR),
@@ -421,7 +422,7 @@ def _collect_partial_work(run: Run) -> dict[str, Any]:
         return {}
     kept: dict[str, Any] = {}
     try:
-        diff = repos.workspace_diff(workspace, baseline)
+        diff = repos.workspace_diff(Path(repository), workspace, baseline)
         kept = {
             "diff": diff[: settings.REPLAYS_MAX_DIFF_BYTES],
             "files_changed": len(repos.changed_files(diff)),

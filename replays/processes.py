@@ -23,6 +23,21 @@ import psutil
 CREATE_TIME_TOLERANCE = 0.05
 
 
+# Ours: whatever runs code a model or a repository chose (agents, verify commands,
+# evaluators, git on an agent's tree) gets no database, broker or secret key, and a
+# Django project it works on must not pick up our settings module.
+SECRET_VARIABLES = frozenset({"DATABASE_URL", "REDIS_URL", "SECRET_KEY", "DJANGO_SETTINGS_MODULE"})
+
+
+def without_secrets(env: Mapping[str, str]) -> dict[str, str]:
+    """`env` without our secrets and without our own REPLAYS_* settings."""
+    return {
+        key: value
+        for key, value in env.items()
+        if key not in SECRET_VARIABLES and not key.startswith("REPLAYS_")
+    }
+
+
 class StopRequested(Exception):
     """Raised to stop the work in hand: by a heartbeat that finds a cancel or a lost claim,
     or by a signal handler. Whoever catches errors to record them as data (a failed review,

@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+from replays import processes
+
 # Most commands read little; diffs, checkouts and `add -A` can be slow on big trees.
 GIT_TIMEOUT_SECONDS = 60
 SLOW_GIT_TIMEOUT_SECONDS = 600
@@ -105,8 +107,13 @@ class Resolution:
 # --- running git -------------------------------------------------------------
 
 
-def _environment(extra: dict[str, str] | None = None) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in GIT_LOCATION_VARIABLES}
+def _environment(extra: dict[str, str] | None = None, *, untrusted: bool = False) -> dict[str, str]:
+    source = processes.without_secrets(os.environ) if untrusted else os.environ
+    env = {k: v for k, v in source.items() if k not in GIT_LOCATION_VARIABLES}
+    if untrusted:
+        # Only the repository's own configuration: none of the machine's or the account's.
+        env["GIT_CONFIG_NOSYSTEM"] = "1"
+        env["GIT_CONFIG_GLOBAL"] = os.devnull
     # Never wait for a password or an editor: there is nobody to answer.
     env["GIT_TERMINAL_PROMPT"] = "0"
     env["GIT_EDITOR"] = "true"
@@ -126,13 +133,15 @@ def _run_git(
     env: dict[str, str] | None = None,
     timeout: float = GIT_TIMEOUT_SECONDS,
     ok_codes: tuple[int, ...] = (0,),
+    tree: UntrustedTree | None = None,
 ) -> subprocess.CompletedProcess[bytes]:
     """Run git in cwd; bytes in and out (diffs must stay byte-exact).
 
     Returns the completed process when its exit code is in ok_codes, else
-    raises GitError naming the command and git's stderr.
+    raises GitError naming the command and git's stderr. With `tree`, git works on a
+    tree someone else wrote in without trusting anything in it (see UntrustedTree).
     """
-    argv = ["git", *args]
+    argv = ["git", *(tree.git_args if tree else []), *args]
     command = " ".join(argv)
     try:
         # text=False on purpose: git output can hold any bytes (file names, diffs).
@@ -140,7 +149,7 @@ def _run_git(
             argv,
             cwd=cwd,
             input=input_bytes,
-            env=_environment(env),
+            env=_environment(env, untrusted=tree is not None),
             check=False,
             capture_output=True,
             timeout=timeout,
@@ -159,6 +168,65 @@ def _run_git(
             f"`{command}` failed in {cwd} (exit {result.returncode}): {stderr or 'no message'}"
         )
     return result
+
+
+@dataclass(frozen=True)
+class UntrustedTree:
+    """A worktree an agent worked in, as our git sees it: nothing in it decides what git
+    runs. Its git dir is the one registered under the repository we opened (an agent may
+    rewrite the worktree's `.git` file to point at a git dir with `core.fsmonitor` set),
+    and whatever could run a program is switched off: the fsmonitor, hooks, ssh, external
+    diffs and every filter driver the repository defines; system and global configuration
+    are not read, and git gets none of our secrets."""
+
+    git_dir: Path
+    work_tree: Path
+    filters: tuple[str, ...] = ()
+
+    @property
+    def git_args(self) -> list[str]:
+        args = [f"--git-dir={self.git_dir}", f"--work-tree={self.work_tree}"]
+        switches = [
+            "core.fsmonitor=false",
+            f"core.hooksPath={os.devnull}",
+            "core.sshCommand=false",
+            "core.pager=cat",
+            "diff.external=",
+            "core.untrackedCache=false",
+        ]
+        for name in self.filters:
+            switches += [f"filter.{name}.clean=", f"filter.{name}.smudge=",
+                         f"filter.{name}.process=", f"filter.{name}.required=false"]  # fmt: skip
+        for switch in switches:
+            args += ["-c", switch]
+        return args
+
+
+def untrusted_tree(repo: Path, worktree: Path) -> UntrustedTree:
+    """How to run git on `worktree`, a worktree of `repo`, trusting nothing in it."""
+    common = _run_git(repo, ["rev-parse", "--path-format=absolute", "--git-common-dir"])
+    admin_root = Path(os.fsdecode(common.stdout.strip())) / "worktrees"
+    expected = (worktree.absolute() / ".git").resolve(strict=False)
+    git_dir = None
+    if admin_root.is_dir():
+        for admin in sorted(admin_root.iterdir()):
+            gitdir_file = admin / "gitdir"
+            try:
+                registered = Path(gitdir_file.read_text(encoding="utf-8").strip())
+            except OSError:
+                continue
+            if registered.resolve(strict=False) == expected:
+                git_dir = admin
+                break
+    if git_dir is None:
+        raise GitError(f"{worktree} is not a worktree of {repo}")
+    defined = _run_git(
+        repo, ["config", "--name-only", "--get-regexp", r"^filter\."], ok_codes=(0, 1)
+    ).stdout.decode("utf-8", errors="replace")
+    filters = sorted(
+        {line.split(".", 1)[1].rsplit(".", 1)[0] for line in defined.splitlines() if "." in line}
+    )
+    return UntrustedTree(git_dir=git_dir, work_tree=worktree.absolute(), filters=tuple(filters))
 
 
 def _text(raw: bytes) -> str:
@@ -567,13 +635,13 @@ def _split_sections(raw: bytes) -> list[bytes]:
     return [raw[start:end] for start, end in zip(starts, [*starts[1:], len(raw)], strict=True)]
 
 
-def _diff(cwd: Path, revisions: list[str]) -> str:
+def _diff(cwd: Path, revisions: list[str], *, tree: UntrustedTree | None = None) -> str:
     """`git diff` with fixed options, always valid UTF-8 text (see the module docstring)."""
     for revision in revisions:
         if revision != "--cached":
             _refuse_option(revision, "commit")
     command = ["-c", "core.quotepath=on", "diff", *_DIFF_OPTIONS, *revisions]
-    raw = _run_git(cwd, command, timeout=SLOW_GIT_TIMEOUT_SECONDS).stdout
+    raw = _run_git(cwd, command, timeout=SLOW_GIT_TIMEOUT_SECONDS, tree=tree).stdout
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError:
@@ -584,6 +652,7 @@ def _diff(cwd: Path, revisions: list[str]) -> str:
         cwd,
         ["diff", "--name-only", "-z", "--no-renames", "--no-ext-diff", *revisions],
         timeout=SLOW_GIT_TIMEOUT_SECONDS,
+        tree=tree,
     ).stdout.split(b"\0")[:-1]
     sections = _split_sections(raw)
     if len(sections) != len(names):
@@ -617,6 +686,7 @@ def _diff(cwd: Path, revisions: list[str]) -> str:
                 ],
                 env={"GIT_LITERAL_PATHSPECS": "1"},
                 timeout=SLOW_GIT_TIMEOUT_SECONDS,
+                tree=tree,
             ).stdout
             rebuilt.append(binary)
     return _faithful(b"".join(rebuilt))
@@ -632,15 +702,18 @@ def sha256_text(text: str) -> str:
     return hashlib.sha256(_to_bytes(text)).hexdigest()
 
 
-def workspace_diff(worktree: Path, baseline: str) -> str:
-    """Everything changed in worktree since baseline: edits, new untracked files, deletions.
+def workspace_diff(repo: Path, worktree: Path, baseline: str) -> str:
+    """Everything changed in `worktree` (a worktree of `repo` an agent worked in) since
+    baseline: edits, new untracked files, deletions.
 
-    Stages everything in the worktree's own index (no commit, so no identity
-    is needed); files the repository ignores stay out.
+    Stages everything in the worktree's own index (no commit, so no identity is needed);
+    files the repository ignores stay out. Git trusts nothing in the worktree
+    (UntrustedTree): it runs from the repository we opened, not from inside the tree.
     """
     _refuse_option(baseline, "commit")
-    _run_git(worktree, ["add", "-A", "--", "."], timeout=SLOW_GIT_TIMEOUT_SECONDS)
-    return _diff(worktree, ["--cached", baseline])
+    tree = untrusted_tree(repo, worktree)
+    _run_git(repo, ["add", "-A", "--", "."], timeout=SLOW_GIT_TIMEOUT_SECONDS, tree=tree)
+    return _diff(repo, ["--cached", baseline], tree=tree)
 
 
 def apply_diff(worktree: Path, diff: str) -> None:

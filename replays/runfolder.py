@@ -19,12 +19,13 @@ evaluator beside them, so the layout lives here, below all three.
 from __future__ import annotations
 
 import os
+import stat
 import sys
 from pathlib import Path
 
 from django.conf import settings
 
-from replays import repos
+from replays import processes, repos
 
 CONFIGURATION_FILE = "configuration.json"
 REQUEST_FILE = "request.md"
@@ -34,25 +35,34 @@ WORKSPACE = "workspace"
 FULL_DIFF_FILE = "workspace.diff"
 CHECKS_DIR = "checks"
 
-_HIDDEN_FROM_AGENTS = {
-    # Ours: the agent runs commands a model chose; it gets no database or secret key, and
-    # a Django project it works on must not pick up our settings module.
-    "DATABASE_URL",
-    "REDIS_URL",
-    "SECRET_KEY",
-    "DJANGO_SETTINGS_MODULE",
-    # Inherited from a git hook or shell, these would point the agent's git at another
-    # repository than its worktree.
-    *repos.GIT_LOCATION_VARIABLES,
-}
-
-
 def run_root() -> Path:
     return Path(settings.REPLAYS_RUN_ROOT)
 
 
 def run_folder(run_id: int) -> Path:
     return run_root() / f"run-{run_id}"
+
+
+class UnsafeRunFolder(Exception):
+    """A run's folder exists as something we did not make (a link, a file): refused."""
+
+
+def create_run_folder(run_id: int) -> Path:
+    """The run's folder, made private (0700) and never through a link: a link or a file
+    already standing at its path is refused, never followed. A folder that exists already
+    is the one the dispatcher made for the coordinator's log."""
+    root = run_root()
+    root.mkdir(parents=True, exist_ok=True)
+    path = run_folder(run_id)
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        found = os.lstat(path)
+        if stat.S_ISLNK(found.st_mode):
+            raise UnsafeRunFolder(f"The run folder {path} is a link: refused.") from None
+        if not stat.S_ISDIR(found.st_mode):
+            raise UnsafeRunFolder(f"The run folder {path} is not a folder: refused.") from None
+    return path
 
 
 def review_folder(review_id: int) -> Path:
@@ -69,10 +79,12 @@ def agent_environment(extra: dict[str, str], *, run_id: int | None = None) -> di
     Agents, verify commands and evaluators all run programs that a model or a
     repository chose: none gets a database URL, a secret key or our settings.
     """
+    # GIT_DIR and the like, inherited from a git hook or shell, would point the agent's git
+    # at another repository than its worktree.
     env = {
         key: value
-        for key, value in os.environ.items()
-        if key not in _HIDDEN_FROM_AGENTS and not key.startswith("REPLAYS_")
+        for key, value in processes.without_secrets(os.environ).items()
+        if key not in repos.GIT_LOCATION_VARIABLES
     }
     env.update(extra)
     if run_id is not None:

@@ -393,7 +393,7 @@ def test_historical_diff_is_utf8_text_and_round_trips_through_apply_diff(
         assert (worktree / "image.bin").read_bytes() == BINARY[::-1] + b"\0more"
         assert not (worktree / "gone.txt").exists()
         # Same tree as the historical ending, and the same diff when taken back.
-        again = repos.workspace_diff(worktree, baseline)
+        again = repos.workspace_diff(repo, worktree, baseline)
         assert git(worktree, "write-tree") == tree_of(repo, ending)
         assert again == diff
         assert repos.sha256_text(again) == repos.sha256_text(diff)
@@ -412,7 +412,7 @@ def test_workspace_diff_includes_untracked_files_and_deletions(repo: Path, tmp_p
         (worktree / "fresh.py").write_text("x = 1\n")
         (worktree / "a.txt").write_text("a changed\n")
         (worktree / "build.log").write_text("ignored\n")
-        diff = repos.workspace_diff(worktree, baseline)
+        diff = repos.workspace_diff(repo, worktree, baseline)
     finally:
         repos.remove_worktree(repo, worktree)
     assert repos.changed_files(diff) == ["a.txt", "b.txt", "fresh.py"]
@@ -432,7 +432,7 @@ def test_workspace_diff_needs_no_commit_identity(
     for name in ("GIT_AUTHOR_NAME", "GIT_AUTHOR_EMAIL", "GIT_COMMITTER_NAME", "EMAIL"):
         monkeypatch.delenv(name, raising=False)
     (worktree / "a.txt").write_text("b\n")
-    assert repos.changed_files(repos.workspace_diff(worktree, baseline)) == ["a.txt"]
+    assert repos.changed_files(repos.workspace_diff(repo, worktree, baseline)) == ["a.txt"]
     repos.remove_worktree(repo, worktree)
 
 

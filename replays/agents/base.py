@@ -514,7 +514,8 @@ def copy_seed_files(home_dir: Path, seed_files: Mapping[str, str], *, home: str)
 def write_private(path: Path, data: bytes) -> None:
     """Write a file only the owner reads (credentials, requests, settings)."""
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    # Never through a link planted where the file goes.
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
     # O_CREAT's mode applies only to a new file.
     os.fchmod(descriptor, 0o600)
     with os.fdopen(descriptor, "wb") as handle:
