@@ -120,3 +120,25 @@ def test_setup_demo_lands_on_a_finished_judged_replay_once(
     )  # fmt: skip
     assert again.returncode == 0 and "replayed already" in again.stdout
     assert Batch.objects.count() == 1
+
+
+def test_text_from_transcripts_cannot_drive_the_terminal(tmp_path: Path, var_dir: Path) -> None:
+    """A title with an OSC sequence (set the window title), a cursor move, a C1 CSI and a
+    bidi override, imported and printed: the words arrive, the controls do not."""
+    import json
+
+    session = tmp_path / "projects" / "-tmp-x" / "0a1b2c3d-1111-2222-3333-444455556666.jsonl"
+    session.parent.mkdir(parents=True)
+    hostile = "Fix it \x1b]0;owned\x07now \x1b[2J\x9b31m\u202egnirts"
+    session.write_text(json.dumps({
+        "type": "user", "uuid": "u1", "parentUuid": None, "isSidechain": False,
+        "sessionId": "0a1b2c3d-1111-2222-3333-444455556666", "timestamp": "2026-11-01T10:00:00Z",
+        "cwd": "/tmp/x", "message": {"role": "user", "content": hostile},
+    }) + "\n")  # fmt: skip
+    out = io.StringIO()
+    call_command("import_threads", str(tmp_path / "projects"), "--no-progress", stdout=out,
+                 stderr=io.StringIO())  # fmt: skip
+    printed = out.getvalue()
+    assert "Fix it" in printed and "now" in printed
+    for control in ("\x1b", "\x07", "\x9b", "\u202e"):
+        assert control not in printed

@@ -2,13 +2,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
 from replays import dispatch
+from replays.management.base import ReplaysCommand
 from replays.models import Batch, Run
 
 
-class Command(BaseCommand):
+class Command(ReplaysCommand):
     help = (
         "Cancel a run or every run of a batch: queued runs are cancelled at once and never "
         "start; running ones are stopped (with their whole process tree) within a heartbeat; "

@@ -3,13 +3,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import CommandParser
 
 from replays.evaluation import evaluators
 from replays.evaluation import report as reports
+from replays.management.base import ReplaysCommand
 
 
-class Command(BaseCommand):
+class Command(ReplaysCommand):
     help = (
         "List the evaluators (tests first, then every agent model, with why one cannot "
         "judge here) and each evaluator's consistency rate: the share of its both-order "

@@ -4,14 +4,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
 from replays import importing
+from replays.management.base import ReplaysCommand
 
 MAX_PROBLEMS_SHOWN = 20
 
 
-class Command(BaseCommand):
+class Command(ReplaysCommand):
     help = (
         "Import Claude Code transcripts and Codex session files. With no path, look where the "
         "tools keep them ($CLAUDE_CONFIG_DIR, ~/.claude/projects, ~/.config/claude/projects, "

@@ -6,12 +6,13 @@ import sys
 from types import FrameType
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 from django.core.serializers.json import DjangoJSONEncoder
 from django.utils import timezone
 
 from replays import processes
 from replays.evaluation import report as reports
+from replays.management.base import ReplaysCommand
 from replays.models import Batch, Report, Run, RunStatus
 
 
@@ -23,7 +24,7 @@ def _stop(signum: int, frame: FrameType | None) -> None:
     raise _Stopped(f"the judge command was stopped ({signal.Signals(signum).name})")
 
 
-class Command(BaseCommand):
+class Command(ReplaysCommand):
     help = (
         "Judge stored results again, without running any agent: a new current report per "
         "completed run (the old reports are kept). Judging with a model costs money and "

@@ -2,12 +2,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand
-
 from replays import dispatch
+from replays.management.base import ReplaysCommand
 
 
-class Command(BaseCommand):
+class Command(ReplaysCommand):
     help = (
         "End launching and running runs whose launcher or coordinator is gone "
         "(launch_failed, coordinator_lost), and judgments whose process is gone (lost). "

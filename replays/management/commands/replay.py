@@ -1,24 +1,32 @@
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 import time
 from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 from django.core.serializers.json import DjangoJSONEncoder
 
 from replays import approval, dispatch, planning
 from replays.evaluation import report as reports
 from replays.formatting import DASH, duration, usd
+from replays.management.base import ReplaysCommand
 from replays.models import Batch, PlanStatus, Report, Run, RunStatus, Winner
 
 POLL_SECONDS = 1.0
+# The option that answers each kind of question (its `field` in the API), and what it takes.
+ANSWER_OPTIONS = {
+    "repository": ("--repository", "PATH"),
+    "baseline_commit": ("--baseline", "COMMIT"),
+    "ending_commit": ("--ending", "COMMIT"),
+}
 
 
-class Command(BaseCommand):
+class Command(ReplaysCommand):
     help = (
         "Replay a thread (or a range of its requests) with one or more models: prepare, "
         "show the approval prompt, approve, and optionally follow the runs until they end."
@@ -94,7 +102,8 @@ class Command(BaseCommand):
         plan = prepared.plan
         if plan.status != PlanStatus.READY_FOR_APPROVAL:
             self.explain_unready(plan)
-            raise CommandError(f"Plan {plan.pk} is {plan.get_status_display().lower()}.")
+            again = " Run the command again with the answers." if plan.questions else ""
+            raise CommandError(f"Plan {plan.pk} {planning.status_phrase(plan.status)}.{again}")
         if not self.as_json:
             self.stdout.write(self.describe(plan))
         if not options["yes"] and not self.confirm(plan.approval_prompt):
@@ -198,16 +207,21 @@ class Command(BaseCommand):
             self.stderr.write(self.style.ERROR(f"Blocked: {blocker}"))
         for question in plan.questions:
             self.stderr.write(self.style.WARNING(f"Question: {question['message']}"))
-            option = {
-                "baseline_commit": "--baseline",
-                "ending_commit": "--ending",
-                "repository": "--repository",
-            }.get(question["field"], question["field"])
-            for choice in question["choices"]:
-                self.stderr.write(
-                    f"    {option} {choice['commit'][:12]}  {choice['committed_at'][:19]}  "
-                    f"{choice['subject'][:60]}"
-                )
+            option, value = ANSWER_OPTIONS.get(question["field"], (question["field"], "VALUE"))
+            choices = question["choices"]
+            self.stderr.write(
+                f"  Answer with {option} {value}{', for example:' if choices else '.'}"
+            )
+            for choice in choices:
+                if "repository" in choice:
+                    self.stderr.write(
+                        f"    {option} {shlex.quote(choice['repository'])}  ({choice['reason']})"
+                    )
+                else:
+                    self.stderr.write(
+                        f"    {option} {choice['commit'][:12]}  {choice['committed_at'][:19]}  "
+                        f"{choice['subject'][:60]}"
+                    )
 
     def confirm(self, prompt: str) -> bool:
         if not sys.stdin.isatty():
@@ -265,15 +279,16 @@ class Command(BaseCommand):
 
     def draw_live(self, runs: list[Run], previous_lines: int) -> None:
         if previous_lines:
-            self.stdout.write(f"\x1b[{previous_lines}F", ending="")
+            self.stdout.raw(f"\x1b[{previous_lines}F")  # back to the first line drawn
         for run in runs:
             elapsed = run.wall_seconds
             if elapsed is None and run.started_at:
                 from django.utils import timezone
 
                 elapsed = (timezone.now() - run.started_at).total_seconds()
+            self.stdout.raw("\x1b[2K")  # clear the line, then write it
             self.stdout.write(
-                f"\x1b[2K  run {run.pk:<5} {run.model[:28]:<28} {run.get_status_display():<10} "
+                f"  run {run.pk:<5} {run.model[:28]:<28} {run.get_status_display():<10} "
                 f"{run.get_phase_display():<20} {duration(elapsed)}"
             )
         self.stdout.flush()

@@ -2,12 +2,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import CommandParser
 
 from replays import coordinator
+from replays.management.base import ReplaysCommand
 
 
-class Command(BaseCommand):
+class Command(ReplaysCommand):
     help = (
         "Run one launching member of a batch end to end (started by dispatch). "
         "Does nothing when the run is not launching."

@@ -4,11 +4,12 @@ import signal
 from types import FrameType
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import CommandParser
 from django.db import connections
 
 from replays import processes
 from replays.evaluation import report as reports
+from replays.management.base import ReplaysCommand
 from replays.models import Report
 
 
@@ -20,7 +21,7 @@ def _stop(signum: int, frame: FrameType | None) -> None:
     raise _Stopped(f"the judgment process was stopped ({signal.Signals(signum).name})")
 
 
-class Command(BaseCommand):
+class Command(ReplaysCommand):
     help = (
         "Judge one run again, for a judgment the API asked for (started by it, not by hand): "
         "takes the judging report once, judges, stores the report."

@@ -10,16 +10,17 @@ from typing import Any
 from django.conf import settings
 from django.contrib.auth.models import User
 from django.core.management import call_command
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import CommandParser
 
 from replays import importing
+from replays.management.base import ReplaysCommand
 from replays.models import Batch, Thread
 
 SAMPLES = settings.BASE_DIR / "tests" / "fixtures" / "transcripts" / "real"
 SAMPLE_BUNDLE = settings.BASE_DIR / "tests" / "fixtures" / "repos" / "sample.bundle"
 
 
-class Command(BaseCommand):
+class Command(ReplaysCommand):
     help = "Import the bundled sample transcripts and create (or reset) a local demo user."
 
     def add_arguments(self, parser: CommandParser) -> None:

@@ -6,12 +6,13 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
 from replays import importing, pricing
+from replays.management.base import ReplaysCommand
 
 
-class Command(BaseCommand):
+class Command(ReplaysCommand):
     help = (
         "Replace the price table with one read from a LiteLLM-format JSON file "
         "(model_prices_and_context_window.json), then re-price every imported turn."
