@@ -7,10 +7,14 @@ class ReplaysConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from django.conf import settings
         from django.db.models.signals import post_migrate
         from django_q.signals import post_spawn
 
-        from replays import tasks
+        from replays import processes, tasks
+
+        # The crash tests' pause points work only under tests/settings.py.
+        processes.enable_test_hooks(getattr(settings, "REPLAYS_TEST_HOOKS", False))
 
         # The dispatch and reconcile schedules exist wherever the database is migrated.
         post_migrate.connect(

@@ -295,13 +295,24 @@ def _stop(
         process.wait()
 
 
+_test_hooks = False
+
+
+def enable_test_hooks(enabled: bool) -> None:
+    """Called once at start-up from the settings: only tests/settings.py turns them on."""
+    global _test_hooks
+    _test_hooks = bool(enabled)
+
+
 def pause_point(name: str) -> None:
     """Crash tests stop a real process at a named step of the protocol and kill -9 it there.
 
-    When REPLAYS_TEST_PAUSE_AT names this step, write REPLAYS_TEST_PAUSE_FILE (so the
-    test knows the step was reached) and sleep until killed. Does nothing otherwise.
+    Under the test settings only (REPLAYS_TEST_HOOKS, which no deployment sets): when
+    REPLAYS_TEST_PAUSE_AT names this step, write REPLAYS_TEST_PAUSE_FILE (so the test
+    knows the step was reached) and sleep until killed. Does nothing otherwise; agents
+    never see either variable (no REPLAYS_* reaches them).
     """
-    if os.environ.get("REPLAYS_TEST_PAUSE_AT") != name:
+    if not _test_hooks or os.environ.get("REPLAYS_TEST_PAUSE_AT") != name:
         return
     marker = os.environ.get("REPLAYS_TEST_PAUSE_FILE")
     if marker:

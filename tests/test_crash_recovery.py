@@ -260,3 +260,35 @@ def test_a_cluster_killed_while_launching_a_batch_leaves_every_member_accounted_
     assert [run.failure_code for run in others] == [FailureCode.LAUNCH_FAILED] * 2
     assert first.status in (RunStatus.COMPLETED, RunStatus.FAILED)
     assert_every_member_accounted_for(lab, runs)
+
+
+def test_a_pause_variable_that_leaks_into_a_deployment_does_nothing(
+    process_env: dict[str, str], tmp_path: Path
+) -> None:
+    """Only tests/settings.py turns the pause points on: under the deployment's settings a
+    REPLAYS_TEST_PAUSE_AT in the environment neither stops a process nor writes a file."""
+    import subprocess
+    import sys
+
+    manage = Path(__file__).resolve().parent.parent / "manage.py"
+    pause_file = tmp_path / "paused"
+    probe = "from replays import processes; processes.pause_point('dispatch_after_claim'); print('went on')"
+    env = {**process_env, "REPLAYS_TEST_PAUSE_AT": "dispatch_after_claim",
+           "REPLAYS_TEST_PAUSE_FILE": str(pause_file)}  # fmt: skip
+    deployed = subprocess.run(
+        [sys.executable, str(manage), "shell", "-c", probe],
+        env={**env, "DJANGO_SETTINGS_MODULE": "replaysite.settings"},
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert deployed.returncode == 0 and "went on" in deployed.stdout
+    assert not pause_file.exists()
+    tested = subprocess.Popen(
+        [sys.executable, str(manage), "shell", "-c", probe],
+        env={**env, "DJANGO_SETTINGS_MODULE": "tests.settings"},
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        wait_until(pause_file.exists, seconds=30, what="the test settings' pause")
+    finally:
+        tested.kill()
+        tested.communicate()
