@@ -80,7 +80,7 @@ def approve_plan(
         )
     if plan.status != PlanStatus.READY_FOR_APPROVAL:
         raise ApprovalError(
-            f"The plan is {plan.get_status_display().lower()}: it cannot be approved.",
+            f"The plan {planning.status_phrase(plan.status)}: it cannot be approved.",
             code="plan_not_ready",
             status=409,
             details={"blockers": plan.blockers, "questions": plan.questions},

@@ -5,9 +5,11 @@ from typing import Any
 from django import forms
 from django.conf import settings
 from django.core.files.uploadedfile import UploadedFile
+from django.utils.html import format_html
 from django.utils.text import Truncator
 
 from replays.agents import ModelInfo
+from replays.evaluation.checks import JUNIT_VARIABLE
 from replays.evaluation.evaluators import EvaluatorInfo
 from replays.models import Thread
 
@@ -59,6 +61,31 @@ def first_line(text: str, limit: int = 80) -> str:
     return Truncator(line).chars(limit) or "(empty request)"
 
 
+def evaluator_choice_label(info: EvaluatorInfo) -> str:
+    """The evaluator with its availability, as GET /api/evaluators/ says it."""
+    if not info.available:
+        return f"{info.label} (unavailable: {info.reason})"
+    if info.is_tests:
+        return f"{info.label}: needs a verify command"
+    return f"{info.label} (available)"
+
+
+class SelectWithDisabled(forms.Select):
+    """A select whose options in `disabled_values` are shown but cannot be picked."""
+
+    disabled_values: set[str]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.disabled_values = set()
+
+    def create_option(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        option = super().create_option(*args, **kwargs)
+        if option["value"] in self.disabled_values:
+            option["attrs"]["disabled"] = True
+        return option
+
+
 class ReplayForm(forms.Form):
     """One thread, a range of its requests, and the models to replay it with.
 
@@ -99,15 +126,22 @@ class ReplayForm(forms.Form):
         label="Verify command",
         required=False,
         max_length=4000,
-        help_text="Optional, e.g. “pytest -q --junitxml={junit_xml}”: run (no shell) on the "
-        "baseline, the historical result and every run, with the historical tests laid over.",
+        help_text=format_html(
+            "Optional. Runs without a shell on the baseline, the historical result and every "
+            "run, with the historical tests laid over. <code>{}</code> in it becomes a path "
+            "for JUnit XML; the same path is in <code>{}</code>. For example <code>{}</code>.",
+            "{junit_xml}",
+            JUNIT_VARIABLE,
+            "pytest -q --junitxml={junit_xml}",
+        ),
     )
 
     evaluator = forms.ChoiceField(
         label="Evaluator",
         required=False,
-        help_text="Who judges each run against history. Default: decided by prepare "
-        "(shown before you approve).",
+        widget=SelectWithDisabled,
+        help_text="Who judges each run against history (those that cannot judge here say "
+        "why). Default: decided by prepare, shown before you approve.",
     )
 
     def __init__(
@@ -123,12 +157,11 @@ class ReplayForm(forms.Form):
         self.model_infos = model_infos
         self.fields["models"].choices = [(info.id, info.label) for info in model_infos]
         self.fields["evaluator"].choices = [("", "Default (decided by prepare)")] + [
-            (
-                info.id,
-                info.label if info.available else f"{info.label} (unavailable: {info.reason})",
-            )
-            for info in evaluator_infos
+            (info.id, evaluator_choice_label(info)) for info in evaluator_infos
         ]
+        self.fields["evaluator"].widget.disabled_values = {
+            info.id for info in evaluator_infos if not info.available
+        }
         turns = list(thread.turns.order_by("index").only("index", "message_uuid", "request"))
         choices = [
             (turn.message_uuid, f"#{turn.index + 1} · {first_line(turn.request)}") for turn in turns

@@ -1,8 +1,12 @@
-"""Refuse oversized request bodies up front with 413 and the API's error shape."""
+"""Refuse oversized request bodies up front, before anything reads them: 413 with the API's
+error shape for the API; for a page, the page itself says so when its view offers a way to
+(`page_for_refused_body`), else a short text."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
@@ -13,6 +17,26 @@ MAX_BODY_BYTES = 2 * 1024 * 1024
 # Transcript uploads may be as large as the transcript limit, plus room for the multipart envelope.
 UPLOAD_PATHS = ("/api/threads/import", "/threads/upload/")
 MULTIPART_ALLOWANCE = 64 * 1024
+
+RefusedPage = Callable[..., HttpResponse]
+
+
+@dataclass(frozen=True)
+class RefusedBody:
+    size: int  # the body's Content-Length
+    limit: int  # what this path accepts (for uploads: the transcript limit plus the envelope)
+
+
+def page_for_refused_body(page: RefusedPage) -> Callable[[RefusedPage], RefusedPage]:
+    """Mark a view whose page shows a refused body itself: `page(request, refused, *args,
+    **kwargs)` renders it (with status 413) instead of the view, which never sees the body.
+    The page must check the login itself: it runs before the view's decorators."""
+
+    def mark(view: RefusedPage) -> RefusedPage:
+        view.refused_body_page = page  # type: ignore[attr-defined]
+        return view
+
+    return mark
 
 
 class BodySizeLimitMiddleware:
@@ -28,10 +52,30 @@ class BodySizeLimitMiddleware:
         if request.path.startswith(UPLOAD_PATHS):
             limit = settings.REPLAYS_MAX_TRANSCRIPT_BYTES + MULTIPART_ALLOWANCE
         if length > limit:
-            message = f"The request body is {length:,} bytes; the limit is {limit:,} bytes."
             if request.path.startswith("/api/"):
+                message = f"The request body is {length:,} bytes; the limit is {limit:,} bytes."
                 return JsonResponse(
                     error_body("too_large", message, {"size": length, "limit": limit}), status=413
                 )
-            return HttpResponse(message, status=413, content_type="text/plain")
+            # Pages are answered in process_view, once the view (and its own page) is known.
+            request.refused_body = RefusedBody(size=length, limit=limit)  # type: ignore[attr-defined]
         return self.get_response(request)
+
+    def process_view(
+        self,
+        request: HttpRequest,
+        view: Callable[..., HttpResponse],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> HttpResponse | None:
+        refused: RefusedBody | None = getattr(request, "refused_body", None)
+        if refused is None:
+            return None
+        # Answered before the later middleware's views (CSRF's reads the body for its token).
+        page = getattr(view, "refused_body_page", None)
+        if page is not None:
+            return page(request, refused, *args, **kwargs)
+        message = (
+            f"The request body is {refused.size:,} bytes; the limit is {refused.limit:,} bytes."
+        )
+        return HttpResponse(message, status=413, content_type="text/plain")

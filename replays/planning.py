@@ -557,21 +557,25 @@ def known_clones(*, owner: AbstractBaseUser, thread: Thread) -> list[dict[str, s
     clone when it holds a commit recorded by a thread in that folder (Codex records the
     commit a session started from; the demo's Claude Code sessions share their folder with
     its Codex sessions, so they find it too). Each is `{"repository", "reason"}`."""
-    same_folder = Thread.objects.filter(cwd=thread.cwd) if thread.cwd else None
-    thread_ids = set(same_folder.values_list("pk", flat=True)) if same_folder else {thread.pk}
+    thread_ids = {thread.pk}
     recorded = {thread.git_commit} - {""}
-    if same_folder:
+    if thread.cwd:
+        same_folder = Thread.objects.filter(cwd=thread.cwd)
+        thread_ids |= set(same_folder.values_list("pk", flat=True))
         commits = same_folder.exclude(git_commit="").order_by().values_list("git_commit", flat=True)
         recorded |= set(commits.distinct()[:MAX_KNOWN_CLONES])
     found: dict[str, str] = {}
+    checked: set[str] = set()  # each path is asked of git once, however many plans used it
     earlier = Plan.objects.filter(owner=owner).order_by("-created_at", "-pk")
     for plan_id, preparations in earlier.values_list("pk", "preparations")[:KNOWN_CLONE_PLANS]:
         for prep in preparations if isinstance(preparations, list) else []:
             path = prep.get("repository")
-            if path and prep.get("thread_id") in thread_ids and path not in found:
-                top = _work_tree_top(path)
-                if top is not None and len(found) < MAX_KNOWN_CLONES:
-                    found.setdefault(top, f"used by your plan {plan_id}")
+            if not path or prep.get("thread_id") not in thread_ids or path in checked:
+                continue
+            checked.add(path)
+            top = _work_tree_top(path)
+            if top is not None and len(found) < MAX_KNOWN_CLONES:
+                found.setdefault(top, f"used by your plan {plan_id}")
     demo = _work_tree_top(str(Path(settings.REPLAYS_VAR_DIR) / DEMO_CLONE))
     if demo is not None and demo not in found and len(found) < MAX_KNOWN_CLONES:
         if any(repos.resolve_commit(Path(demo), commit) for commit in recorded):

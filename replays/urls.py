@@ -18,4 +18,5 @@ urlpatterns = [
     path("runs/<int:pk>/cancel/", views.run_cancel, name="run-cancel"),
     path("runs/<int:pk>/compare/", views.run_compare, name="run-compare"),
     path("runs/<int:pk>/judge/", views.run_judge, name="run-judge"),
+    path("leaderboard/", views.leaderboard, name="leaderboard"),
 ]

@@ -1,9 +1,17 @@
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
+from django.templatetags.static import static
 from django.urls import include, path
+from django.utils.functional import lazy
+from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 urlpatterns = [
+    # Browsers ask for /favicon.ico whatever the pages link to; the icon is a static file.
+    path(
+        "favicon.ico",
+        RedirectView.as_view(url=lazy(static, str)("replays/favicon.svg"), permanent=True),
+    ),
     path("admin/", admin.site.urls),
     path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),

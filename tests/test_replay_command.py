@@ -97,7 +97,7 @@ def test_replay_prints_the_question_and_runs_nothing(replay_env, real_threads, s
     )
     assert result.returncode == 1
     assert "Question:" in result.stderr and "--ending" in result.stderr
-    assert "needs user input" in result.stderr
+    assert "needs your input" in result.stderr
     assert Run.objects.count() == 0
 
 

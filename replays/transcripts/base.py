@@ -13,6 +13,27 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 
+# --- what a transcript may claim ----------------------------------------------------
+#
+# No real session comes near these (a long day of agent work is ~10^9 tokens); a
+# line beyond them is damaged or hostile and is skipped as a bad line. They keep
+# every sum inside the 64-bit token columns and every cost inside its money field.
+MAX_LINE_TOKENS = 10**12  # per token kind, per line
+MAX_THREAD_TOKENS = 10**13  # per token kind, a whole session with its sub-agents
+# The dearest price a price table may hold (pricing refuses more); the dearest
+# listed model costs $180 per million tokens.
+MAX_PRICE_PER_MILLION_USD = 10_000
+# The most a line, or a whole session, can then cost: all five kinds at the bound,
+# at the dearest price. 5 * 10^10 and 5 * 10^11 dollars: 12 digits before the
+# point, which the money fields (20 digits, 6 after the point) hold.
+MAX_LINE_COST_USD = 5 * MAX_LINE_TOKENS * MAX_PRICE_PER_MILLION_USD // 10**6
+MAX_THREAD_COST_USD = 5 * MAX_THREAD_TOKENS * MAX_PRICE_PER_MILLION_USD // 10**6
+# The length of Turn.message_uuid and Thread.session_id.
+MAX_MESSAGE_ID_CHARS = 200
+MAX_SESSION_ID_CHARS = 200
+OUT_OF_RANGE = "token counts out of range"
+
+
 class TranscriptError(Exception):
     """The file as a whole cannot be imported (not a transcript, too large, unreadable)."""
 

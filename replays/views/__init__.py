@@ -3,6 +3,7 @@ replays (plan, approval) and results (batches, runs). Thin: reads go straight to
 models; writes go through the services the commands and the API use."""
 
 from replays.views.comparison import run_compare, run_judge
+from replays.views.leaderboard import leaderboard
 from replays.views.replays import plan_approve, plan_detail, plan_prepare_again
 from replays.views.results import batch_cancel, batch_detail, batch_list, run_cancel, run_detail
 from replays.views.threads import thread_detail, thread_list, thread_upload
@@ -21,4 +22,5 @@ __all__ = [
     "thread_upload",
     "run_compare",
     "run_judge",
+    "leaderboard",
 ]

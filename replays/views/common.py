@@ -8,8 +8,9 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from replays import agents
 
 
-def model_labels() -> dict[str, str]:
-    return {info.id: info.label for info in agents.discover_models()}
+def model_labels(infos: list[agents.ModelInfo] | None = None) -> dict[str, str]:
+    """Each model's label, from `infos` when the caller already discovered the models."""
+    return {info.id: info.label for info in (infos or agents.discover_models())}
 
 
 def safe_next(request: HttpRequest, default: str) -> str:

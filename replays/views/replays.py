@@ -16,7 +16,7 @@ from django.template.defaultfilters import pluralize
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
-from replays import approval, planning
+from replays import agents, approval, estimates, planning
 from replays.forms import AnswerForm
 from replays.models import (
     Batch,
@@ -174,8 +174,16 @@ def _plan_page(
 ) -> HttpResponse:
     batch = plan.batch
     state, state_label = _plan_state(plan, batch)
-    labels = model_labels()
+    known_models = agents.discover_models()
+    labels = model_labels(known_models)
     configuration = plan.configuration
+    ready = plan.status == PlanStatus.READY_FOR_APPROVAL
+    # The estimate is for deciding on the approval: shown only while it can be given.
+    estimate = (
+        estimates.plan_estimate(plan, known_models=known_models)
+        if ready and batch is None and not plan.is_expired
+        else None
+    )
     context = {
         "plan": plan,
         "batch": batch,
@@ -185,7 +193,8 @@ def _plan_page(
         "models": [(model, labels.get(model, model)) for model in configuration["models"]],
         "timeout_seconds": configuration.get("timeout_seconds"),
         "verify_command": configuration.get("verify_command"),
-        "ready": plan.status == PlanStatus.READY_FOR_APPROVAL,
+        "ready": ready,
+        "estimate": estimate,
         "expired": plan.is_expired,
         "has_token": _token_from_cookie(request, plan.pk) is not None,
         "error": error,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from decimal import Decimal
+from typing import Any
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
@@ -17,7 +18,9 @@ from django.views.decorators.http import require_http_methods
 
 from replays import agents, importing, planning
 from replays.evaluation import evaluators
+from replays.formatting import short_path
 from replays.forms import ReplayForm, TranscriptUploadForm, readable_size
+from replays.middleware import RefusedBody, page_for_refused_body
 from replays.models import (
     TOKEN_FIELDS,
     Thread,
@@ -57,24 +60,50 @@ def list_totals(threads: QuerySet[Thread]) -> ListTotals:
     )
 
 
+def folder_labels(paths: list[str]) -> dict[str, str]:
+    """The end of each folder, as much of it as tells the folders apart: `…/textstats`,
+    or `…/a/app` and `…/b/app` when two end alike (the full path goes in a tooltip). Cutting
+    the end off instead shows the same prefix on every row."""
+    parts = {}
+    for path in set(filter(None, paths)):
+        shown = short_path(path)
+        separator = "\\" if "\\" in shown and "/" not in shown else "/"
+        parts[path] = (separator, shown.rstrip(separator).split(separator))
+    labels = {}
+    for path, (separator, names) in parts.items():
+        others = [other for key, (_, other) in parts.items() if key != path]
+        count = 1
+        while count < len(names) and any(other[-count:] == names[-count:] for other in others):
+            count += 1
+        # Hiding one name (or just the root) saves nothing: show the whole path then.
+        shown = separator.join(names)
+        tail = separator.join(names[-count:])
+        labels[path] = (shown or separator) if count >= len(names) - 1 else f"…{separator}{tail}"
+    return labels
+
+
 @login_required
 def thread_list(request: HttpRequest) -> HttpResponse:
     query = request.GET.get("q", "").strip()[:MAX_QUERY_LENGTH]
     threads = Thread.objects.search(query)
     page = Paginator(threads, THREADS_PER_PAGE).get_page(request.GET.get("page"))
+    rows = list(page.object_list)
+    labels = folder_labels([thread.cwd for thread in rows])
+    for thread in rows:
+        thread.folder_label = labels.get(thread.cwd, "")
     return render(
         request,
         "replays/thread_list.html",
         {
             "query": query,
             "page": page,
-            "threads": page.object_list,
+            "threads": rows,
             "page_range": page.paginator.get_elided_page_range(
                 page.number, on_each_side=2, on_ends=1
             ),
             "totals": list_totals(threads),
             # No threads at all gets the getting-started text; no matches gets "nothing found".
-            "has_threads": bool(page.object_list) or Thread.objects.exists(),
+            "has_threads": bool(rows) or Thread.objects.exists(),
         },
     )
 
@@ -110,28 +139,51 @@ def split_request(text: str) -> tuple[str, str]:
 
 
 def _thread_page(
-    request: HttpRequest, thread: Thread, form: ReplayForm, *, status: int = 200
+    request: HttpRequest,
+    thread: Thread,
+    form: ReplayForm,
+    *,
+    status: int = 200,
+    body_error: str = "",
 ) -> HttpResponse:
     turns = []
     for turn in thread.turns.order_by("index"):
         head, rest = split_request(turn.request)
         turns.append(TurnView(turn=turn, head=head, rest=rest))
-    context = {"thread": thread, "turns": turns, "form": form}
+    context = {"thread": thread, "turns": turns, "form": form, "body_error": body_error}
     return render(request, "replays/thread_detail.html", context, status=status)
+
+
+def _replay_form(thread: Thread, data: Any = None) -> ReplayForm:
+    return ReplayForm(
+        data,
+        thread=thread,
+        model_infos=agents.discover_models(),
+        evaluator_infos=evaluators.discover_evaluators(),
+    )
+
+
+@login_required
+def _thread_page_refused(request: HttpRequest, refused: RefusedBody, pk: int) -> HttpResponse:
+    """A replay form post too large to read: the same page, with a fresh form saying why."""
+    thread = get_object_or_404(Thread, pk=pk)
+    message = (
+        f"The form sent {readable_size(refused.size)}, more than the {readable_size(refused.limit)} "
+        "a form may send, so none of it was read and the fields below are back to their "
+        "defaults. Fill them in again."
+    )
+    return _thread_page(request, thread, _replay_form(thread), status=413, body_error=message)
 
 
 @login_required
 @require_http_methods(["GET", "POST"])
+@page_for_refused_body(_thread_page_refused)
 def thread_detail(request: HttpRequest, pk: int) -> HttpResponse:
     """The thread, its turns, and the form that prepares a replay of them."""
     thread = get_object_or_404(Thread, pk=pk)
-    choices = {
-        "model_infos": agents.discover_models(),
-        "evaluator_infos": evaluators.discover_evaluators(),
-    }
     if request.method != "POST":
-        return _thread_page(request, thread, ReplayForm(thread=thread, **choices))
-    form = ReplayForm(request.POST, thread=thread, **choices)
+        return _thread_page(request, thread, _replay_form(thread))
+    form = _replay_form(thread, request.POST)
     if form.is_valid():
         try:
             prepared = planning.prepare_plan(
@@ -162,15 +214,31 @@ def _problems_message(result: importing.ImportResult) -> str:
     return text + (f"; and {more} more." if more else ".")
 
 
+def transcript_limit() -> str:
+    """The transcript limit as the upload page and its refusals say it (the number the
+    import checks: REPLAYS_MAX_TRANSCRIPT_BYTES)."""
+    return readable_size(importing.max_transcript_bytes())
+
+
 def _upload_page(
-    request: HttpRequest, form: TranscriptUploadForm, *, status: int = 200
+    request: HttpRequest, form: TranscriptUploadForm, *, status: int = 200, body_error: str = ""
 ) -> HttpResponse:
-    context = {"form": form, "max_size": readable_size(importing.max_transcript_bytes())}
+    context = {"form": form, "max_size": transcript_limit(), "body_error": body_error}
     return render(request, "replays/thread_upload.html", context, status=status)
 
 
 @login_required
+def _upload_page_refused(request: HttpRequest, refused: RefusedBody) -> HttpResponse:
+    message = (
+        f"The upload is {readable_size(refused.size)}, larger than the transcript limit of "
+        f"{transcript_limit()}, so it was not read: nothing was imported. Choose a smaller file."
+    )
+    return _upload_page(request, TranscriptUploadForm(), status=413, body_error=message)
+
+
+@login_required
 @require_http_methods(["GET", "POST"])
+@page_for_refused_body(_upload_page_refused)
 def thread_upload(request: HttpRequest) -> HttpResponse:
     if request.method != "POST":
         return _upload_page(request, TranscriptUploadForm())
