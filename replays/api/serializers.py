@@ -120,9 +120,14 @@ class ThreadImportOutputSerializer(serializers.Serializer):
 
 
 class QuestionChoiceSerializer(serializers.Serializer):
-    commit = serializers.CharField()
-    subject = serializers.CharField()
-    committed_at = serializers.DateTimeField()
+    """A commit question's choice has commit, subject and committed_at; a repository
+    question's has repository and reason (why it is offered)."""
+
+    commit = serializers.CharField(required=False)
+    subject = serializers.CharField(required=False)
+    committed_at = serializers.DateTimeField(required=False)
+    repository = serializers.CharField(required=False, help_text="A clone of the repository.")
+    reason = serializers.CharField(required=False, help_text="Why this clone is offered.")
 
 
 class QuestionSerializer(serializers.Serializer):
