@@ -11,11 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from playwright.sync_api import Page, expect, sync_playwright
 
 from tests.test_browser import CHROMIUM, CHROMIUM_ARGS, log_in  # noqa: F401 (skips without it)
 from tests.test_cluster import start_cluster, stop_cluster
-
-from playwright.sync_api import Page, expect, sync_playwright  # noqa: E402, I001
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
