@@ -35,7 +35,7 @@ from django.conf import settings
 from django.db import DatabaseError, close_old_connections, connections
 from django.utils import timezone
 
-from replays import agents, pricing, processes, repos, runfolder
+from replays import access, agents, pricing, processes, repos, runfolder
 from replays.agents.base import (
     Agent,
     AgentOutcome,
@@ -213,6 +213,9 @@ class _Member:
             log_path=self.log_path,
         )
         self.repo = Path(self.configuration["repository"])
+        if not access.under_roots(self.repo):
+            # Checked at prepare and approval too; the roots may have changed since.
+            raise AgentSetupError(f"The repository {self.repo} {access.OUTSIDE_ROOTS}.")
         baseline = self.configuration["baseline_commit"]
         with _heartbeat_in_background(self.run.pk):
             invocation = adapter.invocation(context)

@@ -22,7 +22,7 @@ from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.utils import timezone
 
-from replays import agents, repos
+from replays import access, agents, repos
 from replays.evaluation import checks, evaluators
 from replays.importing import file_sha256
 from replays.models import (
@@ -471,7 +471,21 @@ def resolve_thread(
     if not prep.request.strip():
         prep.blockers.append(f"Thread {thread.pk}: the selected requests are empty.")
     given_repository = item["repository"]
-    repository = repos.find_repository(Path(given_repository or thread.cwd or "/nonexistent"))
+    candidate = given_repository or thread.cwd
+    if given_repository and not access.under_roots(given_repository):
+        # Said the same whether the path exists or not: nothing is learnt about the disk.
+        prep.blockers.append(f"The repository {given_repository} {access.OUTSIDE_ROOTS}.")
+        return prep
+    repository = (
+        repos.find_repository(Path(candidate))
+        if candidate and access.under_roots(candidate)
+        else None
+    )
+    if repository is not None and not access.under_roots(repository):
+        if given_repository:
+            prep.blockers.append(f"The repository {given_repository} {access.OUTSIDE_ROOTS}.")
+            return prep
+        repository = None  # the folder is inside a repository that lies outside the roots
     if repository is None:
         if given_repository:
             prep.blockers.append(f"{given_repository} is not a git repository.")
@@ -584,7 +598,10 @@ def known_clones(*, owner: AbstractBaseUser, thread: Thread) -> list[dict[str, s
 
 
 def _work_tree_top(path: str) -> str | None:
-    """The path when it is the top of a git work tree here (a folder inside one is no clone)."""
+    """The path when it is the top of a git work tree here (a folder inside one is no
+    clone) under the repository roots."""
+    if not access.under_roots(path):
+        return None
     top = repos.find_repository(Path(path))
     return str(top) if top is not None and top == Path(path).resolve() else None
 

@@ -78,6 +78,15 @@ REPLAYS_RUN_ROOT = env_path("REPLAYS_RUN_ROOT", REPLAYS_VAR_DIR / "runs")
 REPLAYS_VAR_DIR.mkdir(parents=True, exist_ok=True)
 (REPLAYS_VAR_DIR / "static").mkdir(exist_ok=True)
 
+# Repositories are opened only under these folders (":"-separated; symlinks are followed
+# before the check). Default: the home folder of the account Replays runs as, and the
+# var folder (the demo's clone lives there).
+REPLAYS_REPOSITORY_ROOTS = [
+    Path(root).expanduser()
+    for root in (env_str("REPLAYS_REPOSITORY_ROOTS") or f"{Path.home()}:{REPLAYS_VAR_DIR}").split(":")
+    if root.strip()
+]
+
 # A user-updated price table (manage.py update_prices) overrides the bundled one.
 REPLAYS_PRICES_FILE = REPLAYS_VAR_DIR / "prices.json"
 

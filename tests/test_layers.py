@@ -14,7 +14,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "replays"
 
 GROUND = {"transcripts", "pricing", "repos", "processes", "runfolder", "statistics", "formatting",
-          "diffview"}  # fmt: skip
+          "diffview", "access"}  # fmt: skip
 SERVICES = {"importing", "planning", "approval", "dispatch", "coordinator", "agents", "evaluation"}
 DOORS = {"api", "views", "forms", "admin", "management", "tasks", "templatetags"}
 # Wiring, not doors: routes lead to the views, the body-size middleware answers in the API's
