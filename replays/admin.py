@@ -100,14 +100,18 @@ class TurnAdmin(admin.ModelAdmin):
     list_filter = ("thread__source_kind",)
     search_fields = ("request", "message_uuid", "thread__title")
     list_select_related = ("thread",)
+    # Everything a turn has came from its transcript: a replay runs its request as imported
+    # (and approval refuses a request that changed since prepare).
     readonly_fields = (
         "thread",
         "index",
         "message_uuid",
         "timestamp",
+        "request",
         "models_used",
         "usage_by_model",
         "seconds",
+        "model_seconds",
         "last_answer_at",
         *TOKEN_READONLY,
     )

@@ -126,6 +126,7 @@ def protected_input_changes(
         "ending_commit": "the ending commit",
         "historical_result_sha256": "the historical result",
         "verify_files": "the verify command's files",
+        "request_sha256": "the request text",
     }
     for item, prepared in zip(configuration["configurations"], plan.preparations, strict=True):
         thread = threads.get(item["thread_id"])

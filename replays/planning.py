@@ -122,7 +122,13 @@ class ThreadPreparation:
             "historical_result_sha256": self.historical_result_sha256,
             "transcript_sha256": self.transcript_sha256,
             "verify_files": self.verify_files,
+            "request_sha256": self.request_sha256,
         }
+
+    @property
+    def request_sha256(self) -> str:
+        """The text that will run: approval refuses it changed (a turn edited meanwhile)."""
+        return hashlib.sha256(self.request.encode("utf-8", errors="surrogatepass")).hexdigest()
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -134,6 +140,7 @@ class ThreadPreparation:
             "prepared_configuration_sha256": self.prepared_configuration_sha256,
             "transcript_sha256": self.transcript_sha256,
             "verify_files": self.verify_files,
+            "request_sha256": self.request_sha256,
             "start_message_uuid": self.start_message_uuid,
             "end_message_uuid": self.end_message_uuid,
             "blockers": self.blockers,
@@ -634,7 +641,7 @@ def prepared_configuration_sha256(
             "baseline_commit": prep.baseline_commit,
             "ending_commit": prep.ending_commit,
             "historical_result_sha256": prep.historical_result_sha256,
-            "request_sha256": hashlib.sha256(prep.request.encode()).hexdigest(),
+            "request_sha256": prep.request_sha256,
             "start_message_uuid": prep.start_message_uuid,
             "end_message_uuid": prep.end_message_uuid,
             "timeout_seconds": configuration["timeout_seconds"],
