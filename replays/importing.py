@@ -3,6 +3,13 @@ command, the upload page and the API.
 
 A file is parsed outside any transaction, then written in one: a file that
 fails leaves nothing half-imported behind.
+
+One session, one file: a thread keeps the file it was imported from while that
+file still exists. Another file carrying the same session (a copy in a backup
+folder, an older version) is refused as a duplicate naming both paths, or, when
+its content is the same, reported unchanged; so two copies never take turns
+overwriting the thread on every import. Uploads are the exception: they are our
+own snapshots of a user's file, so any later import of the session replaces one.
 """
 
 from __future__ import annotations
@@ -132,10 +139,14 @@ def import_transcript_file(
     max_bytes: int | None = None,
     sha256: str | None = None,
 ) -> ImportResult:
-    """Import one session file: new, updated in place, or unchanged (skipped).
+    """Import one session file: new, updated in place, unchanged (skipped), or failed
+    with the reason (a bad file, a duplicate of the thread's own file).
 
     `sha256` is the file's digest when the caller computed it while writing the file."""
     limit = max_bytes if max_bytes is not None else max_transcript_bytes()
+    unstorable = _unstorable_path(path)
+    if unstorable:
+        return ImportResult(path=path, outcome="failed", error=unstorable)
     try:
         size = path.stat().st_size
     except OSError as exc:
@@ -156,13 +167,14 @@ def import_transcript_file(
         return ImportResult(path=path, outcome="unchanged", thread=known, turns=known.turn_count)
     try:
         parsed = parse_transcript(path, max_bytes=limit)
+        _check_lengths(parsed, path=path)
+        thread, outcome = _save_thread(parsed, path=path, sha256=sha256, size=size, user=user)
     except TranscriptError as exc:
         return ImportResult(path=path, outcome="failed", error=str(exc))
     except OSError as exc:
         return ImportResult(
             path=path, outcome="failed", error=f"{path}: cannot read ({exc.strerror})."
         )
-    thread, outcome = _save_thread(parsed, path=path, sha256=sha256, size=size, user=user)
     return ImportResult(
         path=path, outcome=outcome, thread=thread, turns=len(parsed.turns), problems=parsed.problems
     )
@@ -172,7 +184,7 @@ def import_uploaded_transcript(
     *, upload: IO[bytes], filename: str, user: AbstractBaseUser | None = None
 ) -> ImportResult:
     """Keep an uploaded file under the var folder (approvals re-check its digest later), then import it."""
-    uploads = settings.REPLAYS_VAR_DIR / "uploads"
+    uploads = _uploads_dir()
     staging = uploads / "incoming"
     staging.mkdir(parents=True, exist_ok=True)
     safe_name = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(filename).name)[:120] or "transcript.jsonl"
@@ -198,14 +210,72 @@ def import_uploaded_transcript(
         shutil.move(temporary, final)
     finally:
         temporary.unlink(missing_ok=True)
-    result = import_transcript_file(
-        path=final, user=user, max_bytes=limit, sha256=digest.hexdigest()
-    )
+    try:
+        result = import_transcript_file(
+            path=final, user=user, max_bytes=limit, sha256=digest.hexdigest()
+        )
+    except BaseException:
+        _discard_upload(final)
+        raise
     if result.outcome == "failed":
         # Name the file as the user knows it, not our storage path.
         result.error = result.error.replace(str(final), safe_name)
-        shutil.rmtree(final_dir, ignore_errors=True)
+        _discard_upload(final)
     return result
+
+
+def _discard_upload(final: Path) -> None:
+    """Remove an upload that did not become a thread's file, and its folder once empty.
+
+    Only the file itself: the folder (named by the digest) may hold the same content
+    under another name, which a thread does use."""
+    final.unlink(missing_ok=True)
+    try:
+        final.parent.rmdir()
+    except OSError:
+        pass  # not empty, or already gone
+
+
+def _uploads_dir() -> Path:
+    return settings.REPLAYS_VAR_DIR / "uploads"
+
+
+def _unstorable_path(path: Path) -> str:
+    """Why ``path`` cannot be a thread's source_path ("" when it can)."""
+    text = str(path)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        # A name in another encoding (Python keeps its bytes as surrogates).
+        shown = text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+        return f"{shown}: the file's path is not UTF-8 text."
+    limit = Thread._meta.get_field("source_path").max_length
+    if len(text) > limit:
+        return f"{text[:200]}…: the file's path is longer than {limit} characters."
+    return ""
+
+
+def _check_lengths(parsed: ParsedThread, *, path: Path) -> None:
+    """Refuse what no column can hold before the database sees it (fields that are only
+    descriptive are cut to fit instead, in _save_thread)."""
+    limit = Thread._meta.get_field("session_id").max_length
+    if len(parsed.session_id) > limit:
+        raise TranscriptError(
+            f"{path}: its session id is {len(parsed.session_id)} characters long, "
+            f"longer than the {limit} a thread can keep."
+        )
+
+
+def _recorded_elsewhere(thread: Thread, path: Path) -> bool:
+    """Whether the thread keeps another file than ``path`` that still exists (uploads,
+    our own snapshots, never hold a thread against a newer import)."""
+    recorded = Path(thread.source_path)
+    if thread.source_path == str(path) or recorded.is_relative_to(_uploads_dir()):
+        return False
+    try:
+        return recorded.is_file() and not os.path.samefile(recorded, path)
+    except OSError:
+        return False
 
 
 def _save_thread(
@@ -232,6 +302,13 @@ def _save_thread(
         thread = Thread.objects.filter(
             source_kind=parsed.kind, session_id=parsed.session_id
         ).first()
+        if thread is not None and _recorded_elsewhere(thread, path):
+            if thread.source_sha256 == sha256:
+                return thread, "unchanged"  # a copy of the thread's own file
+            raise TranscriptError(
+                f"{path}: duplicate of {thread.source_path}: both hold session "
+                f"{parsed.session_id}, and the thread keeps the file it was imported from."
+            )
         if thread is not None and thread.source_sha256 == sha256:
             # Same content seen under another path: remember where it lives now.
             if thread.source_path != str(path):
@@ -259,7 +336,7 @@ def _turn_row(turn: ParsedTurn, table: pricing.PriceTable) -> Turn:
     usage = turn.usage
     return Turn(
         index=turn.index,
-        message_uuid=turn.message_uuid[:200],
+        message_uuid=turn.message_uuid,  # unique and within the column (the parsers see to it)
         timestamp=turn.timestamp,
         request=turn.request,
         models_used=turn.models,

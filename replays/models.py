@@ -19,6 +19,11 @@ COMMIT_LENGTH = 40
 MODEL_ID_LENGTH = 200
 MAX_MODELS_PER_PLAN = 8
 MAX_THREADS_PER_PLAN = 12
+# Money: micro-dollars, and up to $10^14. The most an imported session can cost is
+# transcripts.base.MAX_THREAD_COST_USD ($5 * 10^11: every token kind at its bound at
+# the dearest price a table may hold), so any cost that passes the import fits.
+USD_MAX_DIGITS = 20
+USD_DECIMAL_PLACES = 6
 
 
 def _choices_check(
@@ -52,7 +57,9 @@ class TokenTotals(models.Model):
     cache_write_5m_tokens = models.BigIntegerField(default=0)
     cache_write_1h_tokens = models.BigIntegerField(default=0)
     # Null means "unknown price", which is never shown as $0.
-    cost_usd = models.DecimalField(max_digits=14, decimal_places=6, null=True, blank=True)
+    cost_usd = models.DecimalField(
+        max_digits=USD_MAX_DIGITS, decimal_places=USD_DECIMAL_PLACES, null=True, blank=True
+    )
 
     class Meta:
         abstract = True
@@ -621,7 +628,9 @@ class Report(models.Model):
     prompt_version = models.CharField(max_length=40, blank=True)
     context = models.CharField(max_length=20, default="cold")
     # The evaluator's own cost and time for this judgment (the replay's are on the run).
-    evaluator_cost_usd = models.DecimalField(max_digits=14, decimal_places=6, null=True, blank=True)
+    evaluator_cost_usd = models.DecimalField(
+        max_digits=USD_MAX_DIGITS, decimal_places=USD_DECIMAL_PLACES, null=True, blank=True
+    )
     evaluator_seconds = models.FloatField(null=True, blank=True)
     data = models.JSONField(default=dict, blank=True)
     # Why the review failed or the judgment was lost.

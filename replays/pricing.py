@@ -7,7 +7,9 @@ file; the result is saved as an override (the intended caller passes
 ``$REPLAYS_VAR_DIR/prices.json``) that ``load_price_table`` prefers.
 
 Costs are exact Decimals; rounding happens only for display (``round_usd``).
-A model missing from the table has an unknown cost (None), never $0.
+A model missing from the table has an unknown cost (None), never $0. No price
+is above MAX_PRICE_PER_MILLION_USD, so with the transcripts' token bounds every
+cost fits the money fields (see replays.transcripts.base).
 """
 
 from __future__ import annotations
@@ -23,10 +25,11 @@ from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Any
 
-from replays.transcripts.base import TokenUsage
+from replays.transcripts.base import MAX_PRICE_PER_MILLION_USD, TokenUsage
 
 BUNDLED_PRICES = Path(__file__).resolve().parent / "data" / "prices.json"
 PER_MILLION = Decimal(1_000_000)
+MAX_PRICE = Decimal(MAX_PRICE_PER_MILLION_USD)
 USD_PLACES = Decimal("0.000001")
 
 # Anthropic's rule for cache writes, used where a source gives no price:
@@ -202,7 +205,10 @@ def price_table_from_dict(data: object, *, name: str = "price table") -> PriceTa
             raise ValueError(f"{name}: the price of {model} has {exc}") from None
         if values["input"] is None or values["output"] is None:
             raise ValueError(f"{name}: the price of {model} needs input and output")
-        prices[model] = _complete(values)
+        try:
+            prices[model] = _complete(values)
+        except ValueError as exc:
+            raise ValueError(f"{name}: the price of {model} has {exc}") from None
     note = data.get("note")
     return PriceTable(
         source=source, date=date, prices=prices, note=note if isinstance(note, str) else ""
@@ -238,7 +244,10 @@ def price_table_from_litellm(
         values = {name: _litellm_cost(entry.get(key)) for name, key in _LITELLM_FIELDS.items()}
         if values["input"] is None or values["output"] is None:
             continue
-        prices[model] = _complete(values)
+        try:
+            prices[model] = _complete(values)
+        except ValueError:
+            continue  # dearer than any real model: a broken entry
     if not prices:
         raise ValueError(
             "not a LiteLLM price file: no entry has input_cost_per_token and output_cost_per_token"
@@ -252,7 +261,10 @@ def price_table_from_litellm(
                 name: _litellm_cost(target_entry.get(key)) for name, key in _LITELLM_FIELDS.items()
             }
             if values["input"] is not None and values["output"] is not None:
-                prices[alias] = _complete(values)
+                try:
+                    prices[alias] = _complete(values)
+                except ValueError:
+                    continue
     return PriceTable(
         source=source,
         date=date or datetime.now(UTC).date().isoformat(),
@@ -281,11 +293,12 @@ def save_price_table(table: PriceTable, path: Path) -> None:
 
 
 def _complete(values: dict[str, Decimal | None]) -> ModelPrice:
-    """Fill the prices a source left out; input and output must be present."""
+    """Fill the prices a source left out; input and output must be present. ValueError
+    when a price, given or filled in, is above MAX_PRICE (the bound costs rely on)."""
     input_price = values["input"]
     output_price = values["output"]
     assert input_price is not None and output_price is not None
-    return ModelPrice(
+    price = ModelPrice(
         input=input_price,
         output=output_price,
         # No cache discount known: charge cached reads as input rather than guess lower.
@@ -301,6 +314,10 @@ def _complete(values: dict[str, Decimal | None]) -> ModelPrice:
             else _tidy(input_price * CACHE_WRITE_1H_FACTOR)
         ),
     )
+    dearest = max(getattr(price, name) for name in _PRICE_FIELDS)
+    if dearest > MAX_PRICE:
+        raise ValueError(f"a price of {dearest} dollars per million tokens, above {MAX_PRICE}")
+    return price
 
 
 def _litellm_cost(value: object) -> Decimal | None:

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from replays.models import Thread, Turn
+from replays.models import USD_DECIMAL_PLACES, USD_MAX_DIGITS, Thread, Turn
 
 TOKEN_KINDS = {
     "input": "input_tokens",
@@ -16,8 +16,8 @@ TOKEN_KINDS = {
 def cost_field() -> serializers.DecimalField:
     """Dollars as a JSON number; null (never 0) when a model's price is unknown."""
     return serializers.DecimalField(
-        max_digits=14,
-        decimal_places=6,
+        max_digits=USD_MAX_DIGITS,
+        decimal_places=USD_DECIMAL_PLACES,
         allow_null=True,
         coerce_to_string=False,
         help_text="Null when a model's price is unknown (never reported as 0).",

@@ -68,7 +68,7 @@ def detect_kind(path: Path) -> str:
                 first_line = False
                 try:
                     value = json.loads(text)
-                except (json.JSONDecodeError, RecursionError):
+                except (ValueError, RecursionError):  # a number of 4301 digits is a ValueError
                     continue
                 kind = _line_kind(value)
                 if kind is not None:
@@ -84,7 +84,11 @@ def _line_kind(value: Any) -> str | None:
     if not isinstance(value, dict):
         return None
     line_type = value.get("type")
-    if line_type in CODEX_LINE_TYPES and isinstance(value.get("payload"), dict):
+    if (
+        isinstance(line_type, str)
+        and line_type in CODEX_LINE_TYPES
+        and isinstance(value.get("payload"), dict)
+    ):
         return CODEX
     if looks_like_claude_line(value):
         return CLAUDE_CODE

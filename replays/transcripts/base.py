@@ -9,9 +9,9 @@ including cached tokens; the Codex parser subtracts them).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from dataclasses import dataclass, field
 from datetime import datetime
-
 
 # --- what a transcript may claim ----------------------------------------------------
 #
@@ -28,14 +28,17 @@ MAX_PRICE_PER_MILLION_USD = 10_000
 # point, which the money fields (20 digits, 6 after the point) hold.
 MAX_LINE_COST_USD = 5 * MAX_LINE_TOKENS * MAX_PRICE_PER_MILLION_USD // 10**6
 MAX_THREAD_COST_USD = 5 * MAX_THREAD_TOKENS * MAX_PRICE_PER_MILLION_USD // 10**6
-# The length of Turn.message_uuid and Thread.session_id.
+# The length of Turn.message_uuid (the importer checks Thread's fields against the model).
 MAX_MESSAGE_ID_CHARS = 200
-MAX_SESSION_ID_CHARS = 200
 OUT_OF_RANGE = "token counts out of range"
 
 
 class TranscriptError(Exception):
     """The file as a whole cannot be imported (not a transcript, too large, unreadable)."""
+
+
+class TokensOutOfRange(ValueError):
+    """A line claims more tokens than the bounds above allow: it is a bad line."""
 
 
 @dataclass(frozen=True)
@@ -51,12 +54,38 @@ class TokenUsage:
             *(getattr(self, f.name) + getattr(other, f.name) for f in dataclasses.fields(self))
         )
 
+    def __sub__(self, other: TokenUsage) -> TokenUsage:
+        return TokenUsage(
+            *(getattr(self, f.name) - getattr(other, f.name) for f in dataclasses.fields(self))
+        )
+
     @property
     def total(self) -> int:
         return sum(getattr(self, f.name) for f in dataclasses.fields(self))
 
     def as_dict(self) -> dict[str, int]:
         return dataclasses.asdict(self)
+
+
+@dataclass
+class UsageBudget:
+    """The usage a parser has taken from one session so far (sub-agent files included).
+
+    ``add`` refuses usage that would take a kind past MAX_THREAD_TOKENS, raising
+    TokensOutOfRange so that the line carrying it is skipped. A parser adds every
+    usage it will count, before counting it, so nothing it sums can pass the bound.
+    """
+
+    counted: TokenUsage = field(default_factory=TokenUsage)
+
+    def add(self, usage: TokenUsage) -> None:
+        total = self.counted + usage
+        for kind, count in total.as_dict().items():
+            if count > MAX_THREAD_TOKENS:
+                raise TokensOutOfRange(
+                    f"{OUT_OF_RANGE}: the session would pass {MAX_THREAD_TOKENS:,} {kind}"
+                )
+        self.counted = total
 
 
 @dataclass(frozen=True)
@@ -119,3 +148,36 @@ class ParsedThread:
     turns: list[ParsedTurn] = field(default_factory=list)
     problems: list[LineProblem] = field(default_factory=list)
     lines_read: int = 0
+
+
+def make_message_ids_unique(turns: list[ParsedTurn]) -> None:
+    """Give every turn of a thread its own id, at most MAX_MESSAGE_ID_CHARS long.
+
+    The parsers give each turn its own id (Claude's uuid, Codex's turn id) or, without
+    one, an id derived from its place ("line-7", "<session>:3"); a file can repeat
+    either, and real ids can be longer than the column. In file order, a turn keeps
+    its id when it fits and no earlier turn holds it. Otherwise it gets the id's
+    beginning, "~" and 12 hex digits of the sha256 of the whole id (long ids that
+    share a beginning stay apart), then "~2", "~3"... while an earlier turn still
+    holds that. Real and derived ids go through the same test, so a real id
+    shaped like a derived one cannot collide with it; and because it runs in file
+    order, the ids of earlier turns never change when the file grows, so a range
+    named by them stays valid across re-imports.
+    """
+    taken: set[str] = set()
+    for turn in turns:
+        wanted = turn.message_uuid
+        if len(wanted) > MAX_MESSAGE_ID_CHARS or wanted in taken or not wanted:
+            digest = hashlib.sha256(wanted.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+            candidate = _fit(wanted, f"~{digest}")
+            number = 1
+            while candidate in taken:
+                number += 1
+                candidate = _fit(wanted, f"~{digest}~{number}")
+            wanted = candidate
+        taken.add(wanted)
+        turn.message_uuid = wanted
+
+
+def _fit(text: str, suffix: str) -> str:
+    return text[: MAX_MESSAGE_ID_CHARS - len(suffix)] + suffix

@@ -17,11 +17,17 @@ from pathlib import Path
 from typing import Any
 
 from replays.transcripts.base import (
+    MAX_LINE_COST_USD,
+    MAX_LINE_TOKENS,
+    OUT_OF_RANGE,
     LineProblem,
     ParsedThread,
     ParsedTurn,
+    TokensOutOfRange,
     TokenUsage,
     TranscriptError,
+    UsageBudget,
+    make_message_ids_unique,
 )
 
 KIND = "claude_code"
@@ -62,6 +68,19 @@ SYNTHETIC_MODEL = "<synthetic>"
 # command output, `!` shell input/output), not a request to the model.
 _WRAPPER_RE = re.compile(r"^\s*<(command-[a-z-]+|local-command-[a-z-]+|bash-[a-z-]+)>")
 _INTERRUPT_PREFIX = "[Request interrupted by user"
+
+# Text json.loads can make that no database column takes: a lone surrogate (Node
+# writes half an emoji as "\ud83d") and NUL (PostgreSQL refuses it in text and
+# JSON). Both can only come from a \u escape, so only lines holding such an escape
+# are walked; the reader cleans them once and nothing downstream sees them.
+_UNSTORABLE_ESCAPE_RE = re.compile(rb"\\u(?:0000|[dD][89a-fA-F][0-9a-fA-F]{2})")
+_SURROGATE_RE = re.compile("[\ud800-\udfff]")
+
+# Agent CLIs date from the 2020s. A time before the Unix epoch or in datetime's
+# last year is damaged, and one near datetime's ends overflows as soon as a page
+# shows it in another time zone or adds a day to it.
+EARLIEST_TIMESTAMP = datetime(1970, 1, 1, tzinfo=UTC)
+LATEST_TIMESTAMP = datetime(9999, 1, 1, tzinfo=UTC)
 
 
 # --- shared line reading -----------------------------------------------------
@@ -124,20 +143,61 @@ class JsonLines:
                 self.problem(line_number, "line is not UTF-8 text")
             return _SKIP
         try:
-            return json.loads(text)
-        except (json.JSONDecodeError, RecursionError) as exc:
-            detail = exc.msg if isinstance(exc, json.JSONDecodeError) else "nested too deeply"
+            value = json.loads(text)
+        except (ValueError, RecursionError) as exc:
+            if isinstance(exc, json.JSONDecodeError):
+                detail = exc.msg
+            elif isinstance(exc, RecursionError):
+                detail = "nested too deeply"
+            else:  # Python refuses to read integers of more than 4300 digits
+                detail = "a number too long to read"
             if not complete:
                 self.problem(line_number, f"truncated last line (invalid JSON: {detail})")
             else:
                 self.problem(line_number, f"invalid JSON: {detail}")
             return _SKIP
+        if _UNSTORABLE_ESCAPE_RE.search(raw):
+            value = clean_strings(value)
+        return value
 
     def problem(self, line_number: int, message: str) -> None:
         self.problems.append(LineProblem(line_number, message))
 
 
 _SKIP = object()  # sentinel: the line produced no value (blank or a problem)
+
+
+def clean_text(text: str) -> str:
+    """``text`` with lone surrogates replaced by U+FFFD and NUL removed."""
+    return _SURROGATE_RE.sub("\ufffd", text).replace("\x00", "")
+
+
+def clean_strings(value: Any) -> Any:
+    """A JSON value with every string in it cleaned (keys too), containers in place.
+
+    Iterative, not recursive: json.loads accepts nesting deeper than a recursive
+    walk could follow."""
+    if isinstance(value, str):
+        return clean_text(value)
+    pending = [value] if isinstance(value, (dict, list)) else []
+    while pending:
+        container = pending.pop()
+        if isinstance(container, list):
+            for position, item in enumerate(container):
+                if isinstance(item, str):
+                    container[position] = clean_text(item)
+                elif isinstance(item, (dict, list)):
+                    pending.append(item)
+            continue
+        items = list(container.items())
+        container.clear()
+        for key, item in items:
+            if isinstance(item, str):
+                item = clean_text(item)
+            elif isinstance(item, (dict, list)):
+                pending.append(item)
+            container[clean_text(key)] = item
+    return value
 
 
 def check_size(path: Path, *, max_bytes: int) -> None:
@@ -160,24 +220,34 @@ def looks_like_claude_line(value: object) -> bool:
         return False
     line_type = value.get("type")
     has_id = any(isinstance(value.get(key), str) for key in _CLAUDE_IDS)
-    if line_type in KNOWN_LINE_TYPES:
+    if isinstance(line_type, str) and line_type in KNOWN_LINE_TYPES:
         return has_id or line_type not in _GENERIC_LINE_TYPES
     # A type newer than this parser, carrying Claude's ids.
     return isinstance(value.get("sessionId"), str) and isinstance(value.get("uuid"), str)
 
 
 def parse_timestamp(value: object) -> datetime:
-    """ISO 8601 text -> timezone-aware UTC datetime; ValueError when it is not one."""
+    """ISO 8601 text -> timezone-aware UTC datetime; ValueError when it is not one, or
+    when it lies outside [EARLIEST_TIMESTAMP, LATEST_TIMESTAMP)."""
     if not isinstance(value, str) or not value.strip():
-        raise ValueError(f"bad timestamp {value!r}")
+        raise ValueError(f"bad timestamp {shown(value)}")
     try:
         parsed = datetime.fromisoformat(value.strip())
-    except ValueError:
-        raise ValueError(f"bad timestamp {value!r}") from None
-    if parsed.tzinfo is None:
         # Both CLIs write UTC ("...Z"); a naive value is read as UTC too.
-        return parsed.replace(tzinfo=UTC)
-    return parsed.astimezone(UTC)
+        parsed = parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
+    except ValueError:
+        raise ValueError(f"bad timestamp {shown(value)}") from None
+    except OverflowError:  # "0001-01-01T00:00:00+14:00" is before year 1 in UTC
+        raise ValueError(f"timestamp {shown(value)} is out of range") from None
+    if not EARLIEST_TIMESTAMP <= parsed < LATEST_TIMESTAMP:
+        raise ValueError(f"timestamp {shown(value)} is out of range")
+    return parsed
+
+
+def shown(value: object, limit: int = 80) -> str:
+    """``repr(value)`` for a problem message, cut so a huge field makes no huge message."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def make_title(text: str) -> str:
@@ -192,17 +262,20 @@ def make_title(text: str) -> str:
 
 
 def token_count(container: dict[str, Any], key: str) -> int:
-    """A non-negative integer token count; ValueError when the field holds something else."""
+    """A whole token count from 0 to MAX_LINE_TOKENS; ValueError (TokensOutOfRange above
+    the bound) when the field holds something else."""
     value = container.get(key)
     if value is None:
         return 0
     # bool is an int subclass; true/false in a count field is a broken line.
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"{key} is not a number")
-    if isinstance(value, float) and not value.is_integer():
-        raise ValueError(f"{key} is not a whole number")
     if value < 0:
         raise ValueError(f"{key} is negative")
+    if value > MAX_LINE_TOKENS:  # 2**63, 1e300 and Infinity included
+        raise TokensOutOfRange(f"{OUT_OF_RANGE}: {key} is over {MAX_LINE_TOKENS:,}")
+    if isinstance(value, float) and not value.is_integer():
+        raise ValueError(f"{key} is not a whole number")
     return int(value)
 
 
@@ -237,6 +310,7 @@ class _Response:
 class _State:
     turns: list[ParsedTurn] = field(default_factory=list)
     responses: dict[tuple[str, str], _Response] = field(default_factory=dict)
+    budget: UsageBudget = field(default_factory=UsageBudget)
     seen_user_uuids: set[str] = field(default_factory=set)
     session_id: str = ""
     cwd: str = ""
@@ -277,6 +351,7 @@ def parse_claude_code(
     if include_subagents:
         problems = problems + _read_subagents(state, path, session_id, max_bytes=max_bytes)
     _finish_turns(state)
+    make_message_ids_unique(state.turns)
 
     title = state.custom_title or state.ai_title or state.summary
     if not title and state.turns:
@@ -306,7 +381,7 @@ def _read_line(
         return
     state.recognised = state.recognised or looks_like_claude_line(value)
     line_type = value.get("type")
-    if line_type not in KNOWN_LINE_TYPES:
+    if not isinstance(line_type, str) or line_type not in KNOWN_LINE_TYPES:
         return  # unknown types are newer than this parser: skipped silently
 
     at: datetime | None = None
@@ -467,6 +542,11 @@ def _read_assistant(
         key = ("line", f"{lines.path.name}:{line_number}")
 
     response = state.responses.get(key)
+    counted = response.usage if response is not None else TokenUsage()
+    # Streamed siblings repeat usage, often growing (output_tokens especially):
+    # the largest value per kind is the response's usage, counted once.
+    merged = max_usage(counted, usage)
+    state.budget.add(merged - counted)  # past the session's bound: the line is skipped
     if response is None:
         # The first line of a response decides its turn; a sub-agent file that
         # repeats a response already seen in the main file does not move it.
@@ -474,9 +554,7 @@ def _read_assistant(
             turn_index=turn_index, model=model, first_at=at, last_at=at, asked_at=state.asked_at
         )
         state.responses[key] = response
-    # Streamed siblings repeat usage, often growing (output_tokens especially):
-    # the largest value per kind is the response's usage, counted once.
-    response.usage = max_usage(response.usage, usage)
+    response.usage = merged
     response.first_at = min(response.first_at, at)
     response.last_at = max(response.last_at, at)
     if cost is not None:
@@ -510,8 +588,10 @@ def anthropic_usage(raw: object, *, where: str = "usage") -> TokenUsage:
 def _cost(raw: object) -> float | None:
     if raw is None:
         return None
-    if isinstance(raw, bool) or not isinstance(raw, (int, float)) or raw < 0:
+    if isinstance(raw, bool) or not isinstance(raw, (int, float)):
         raise ValueError("costUSD is not a non-negative number")
+    if not 0 <= raw <= MAX_LINE_COST_USD:  # NaN fails both comparisons
+        raise ValueError(f"costUSD is not a cost from 0 to {MAX_LINE_COST_USD:,} dollars")
     return float(raw)
 
 
@@ -519,8 +599,15 @@ def _read_subagents(
     state: _State, path: Path, session_id: str, *, max_bytes: int
 ) -> list[LineProblem]:
     """Read ``<sessionId>/subagents/*.jsonl``; _finish_turns places their responses by time."""
+    # Only a session id that is a plain file name names a folder beside the file: a
+    # hostile "../../somewhere" must not make us read sub-agents from elsewhere.
+    if session_id in (".", "..") or "/" in session_id or "\\" in session_id:
+        return []
     folder = path.parent / session_id / "subagents"
-    if not folder.is_dir():
+    try:
+        if not folder.is_dir():
+            return []
+    except OSError:  # a name too long for the file system, for one
         return []
     problems: list[LineProblem] = []
     for sub_path in sorted(folder.glob("*.jsonl")):
@@ -534,9 +621,7 @@ def _read_subagents(
             for line_number, value in sub_lines:
                 _read_line(state, sub_lines, line_number, value, main_file=False)
         except TranscriptError as exc:
-            empty = sub_path.stat().st_size == 0 or (
-                sub_lines is not None and not sub_lines.lines_read
-            )
+            empty = _size(sub_path) == 0 or (sub_lines is not None and not sub_lines.lines_read)
             if empty:
                 continue  # a sub-agent that never wrote a line: nothing to add, nothing wrong
             # A broken sub-agent file must not cost the main session; it is
@@ -544,6 +629,13 @@ def _read_subagents(
             sub_problems = sub_problems + [LineProblem(0, str(exc))]
         problems.extend(LineProblem(p.line_number, f"{label}: {p.message}") for p in sub_problems)
     return problems
+
+
+def _size(path: Path) -> int | None:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return None
 
 
 def _finish_turns(state: _State) -> None:

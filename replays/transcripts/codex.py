@@ -15,7 +15,15 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
 
-from replays.transcripts.base import ParsedThread, ParsedTurn, TokenUsage, TranscriptError
+from replays.transcripts.base import (
+    ParsedThread,
+    ParsedTurn,
+    TokensOutOfRange,
+    TokenUsage,
+    TranscriptError,
+    UsageBudget,
+    make_message_ids_unique,
+)
 
 # The line reader and helpers are shared with the Claude Code parser.
 from replays.transcripts.claude_code import JsonLines, make_title, parse_timestamp, token_count
@@ -164,6 +172,8 @@ class _Reader:
         self.model = UNKNOWN_MODEL
         self.previous_total: _RawUsage | None = None
         self.recorded_responses: set[str] = set()
+        # Both usage sources are added: a turn counts one of them, so the sums stay within.
+        self.budget = UsageBudget()
         self.recognised = False
         # When the latest request to the model (a prompt or a tool's output) was written.
         self.asked_at: datetime | None = None
@@ -178,7 +188,7 @@ class _Reader:
     def _line(self, value: Any) -> None:
         if not isinstance(value, dict):
             raise ValueError(f"line is a JSON {type(value).__name__}, not an object")
-        line_type = value.get("type")
+        line_type = _string(value.get("type"))
         if line_type not in LINE_TYPES:
             return  # unknown line types are newer than this parser: skip them
         self.recognised = True
@@ -227,7 +237,7 @@ class _Reader:
             self.events.append(_TurnStarted(turn_id))
 
     def _event_msg(self, payload: dict[str, Any], at: datetime) -> None:
-        event_type = payload.get("type")
+        event_type = _string(payload.get("type"))
         if event_type == "user_message":
             # Some releases tagged injected context with a `kind`; "plain" is what the user typed.
             kind = payload.get("kind")
@@ -241,7 +251,7 @@ class _Reader:
             item = payload.get("item")
             if not isinstance(item, dict):
                 raise ValueError("item_completed event has no item object")
-            item_type = item.get("type", item.get("item_type"))
+            item_type = _string(item.get("type", item.get("item_type")))
             if item_type in _USER_ITEMS:
                 turn_id = _string(payload.get("turn_id")) or _string(item.get("turn_id"))
                 self._prompt(at, _item_text(item), turn_id, "event")
@@ -260,7 +270,7 @@ class _Reader:
                 self.events.append(_Answer(at))
 
     def _response_item(self, payload: dict[str, Any], at: datetime) -> None:
-        item_type = payload.get("type", payload.get("item_type"))
+        item_type = _string(payload.get("type", payload.get("item_type")))
         if item_type == "message":
             role = payload.get("role")
             if role == "user":
@@ -291,12 +301,13 @@ class _Reader:
         if raw is None:
             return
         response_id = _string(payload.get("response_id"))
-        if response_id is not None:
-            # A record written twice (a resumed process replaying) counts once.
-            if response_id in self.recorded_responses:
-                return
-            self.recorded_responses.add(response_id)
+        # A record written twice (a resumed process replaying) counts once.
+        if response_id is not None and response_id in self.recorded_responses:
+            return
         usage = raw.normalised()
+        self.budget.add(usage)  # past the session's bound: the line is skipped
+        if response_id is not None:
+            self.recorded_responses.add(response_id)
         if usage.total:
             self.events.append(_Usage(at, self.model, usage, "record"))
             self.events.append(_Answer(at))
@@ -321,8 +332,20 @@ class _Reader:
         total = _raw_usage(info.get("total_token_usage"), "total_token_usage")
         last = _raw_usage(info.get("last_token_usage"), "last_token_usage")
         if total is None:
-            return last.normalised() if last is not None else None
-        previous, self.previous_total = self.previous_total, total
+            usage = last.normalised() if last is not None else None
+        else:
+            usage = self._usage_since(self.previous_total, total, last)
+        if usage is not None:
+            # Past the session's bound the line is skipped, the running total left as it was.
+            self.budget.add(usage)
+        if total is not None:
+            self.previous_total = total
+        return usage
+
+    @staticmethod
+    def _usage_since(
+        previous: _RawUsage | None, total: _RawUsage, last: _RawUsage | None
+    ) -> TokenUsage | None:
         if previous is None:
             return total.normalised()
         if total == previous:
@@ -347,6 +370,8 @@ def _raw_usage(value: object, name: str) -> _RawUsage | None:
             cache_write_input_tokens=token_count(value, "cache_write_input_tokens"),
             output_tokens=token_count(value, "output_tokens"),
         )
+    except TokensOutOfRange:
+        raise
     except ValueError as exc:
         raise ValueError(f"{name}.{exc}") from None
 
@@ -481,4 +506,5 @@ def _build_turns(events: list[_Event], session_id: str) -> list[ParsedTurn]:
         # Per-response records are exact; token_count deltas cover files (or
         # turns written by older releases) that have no records.
         turn.usage_by_model = by_source["record"] or by_source["count"]
+    make_message_ids_unique(turns)
     return turns

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import logging
 import sys
 from pathlib import Path
 from typing import Any
@@ -10,6 +11,8 @@ from replays import importing
 from replays.management.base import ReplaysCommand
 
 MAX_PROBLEMS_SHOWN = 20
+
+logger = logging.getLogger(__name__)
 
 
 class Command(ReplaysCommand):
@@ -44,7 +47,16 @@ class Command(ReplaysCommand):
         summary = importing.ImportSummary()
         for number, path in enumerate(files, start=1):
             progress.show(number - 1, path.name)
-            result = importing.import_transcript_file(path=path)
+            try:
+                result = importing.import_transcript_file(path=path)
+            except Exception as exc:
+                # A file that breaks the importer is a failed file, not the end of the run.
+                logger.exception("importing %s failed", path)
+                result = importing.ImportResult(
+                    path=path,
+                    outcome="failed",
+                    error=f"{path}: could not be imported ({type(exc).__name__}: {exc}).",
+                )
             summary.add(result)
             progress.clear()
             self._report(result)
