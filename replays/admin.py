@@ -79,7 +79,7 @@ class ThreadAdmin(admin.ModelAdmin):
         "turn_count",
         "models_used",
         "seconds",
-        "imported_by",
+        "owner",
         "imported_at",
         "updated_at",
         *TOKEN_READONLY,

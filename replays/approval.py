@@ -7,6 +7,7 @@ approvals racing create one batch and both callers get it.
 from __future__ import annotations
 
 import hmac
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +19,9 @@ from replays import planning
 from replays.models import Batch, LaunchError, Plan, PlanStatus, Run, Thread
 
 CONFIGURATION_CHANGED = "The approved configuration changed. Prepare and approve it again."
+# What planning's secrets.token_urlsafe(32) gives (43 characters), with room to spare:
+# anything else is no token of ours, and is not even hashed.
+TOKEN_SHAPE = re.compile(r"[A-Za-z0-9_-]{1,128}")
 
 
 class ApprovalError(Exception):
@@ -51,9 +55,9 @@ def approve_plan(
     plan = Plan.objects.visible_to(user).filter(pk=plan_id).first()
     if plan is None:
         raise ApprovalError(f"Plan {plan_id} not found.", code="not_found", status=404)
-    token_hash = planning.hash_token(prepare_token)
-    if not hmac.compare_digest(token_hash, plan.token_hash):
-        if Plan.objects.filter(token_hash=token_hash).exists():
+    token_hash = planning.hash_token(prepare_token) if TOKEN_SHAPE.fullmatch(prepare_token) else ""
+    if not token_hash or not hmac.compare_digest(token_hash, plan.token_hash):
+        if token_hash and Plan.objects.filter(token_hash=token_hash).exists():
             raise ApprovalError(
                 "This prepare token belongs to another plan.", code="foreign_token", status=403
             )
@@ -114,7 +118,7 @@ def protected_input_changes(
     """Resolve every thread again (git, files) and name what differs from prepare; also
     hand back the fresh resolutions, which the batch is made from when nothing changed."""
     configuration = plan.configuration
-    threads = Thread.objects.in_bulk(
+    threads = Thread.objects.visible_to(plan.owner).in_bulk(
         [item["thread_id"] for item in configuration["configurations"]]
     )
     changes: list[dict[str, Any]] = []

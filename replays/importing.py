@@ -135,12 +135,13 @@ def file_sha256(path: Path) -> str:
 def import_transcript_file(
     *,
     path: Path,
-    user: AbstractBaseUser | None = None,
+    user: AbstractBaseUser,
     max_bytes: int | None = None,
     sha256: str | None = None,
 ) -> ImportResult:
-    """Import one session file: new, updated in place, unchanged (skipped), or failed
-    with the reason (a bad file, a duplicate of the thread's own file).
+    """Import one session file for `user` (the thread is theirs): new, updated in place,
+    unchanged (skipped), or failed with the reason (a bad file, a duplicate of the
+    thread's own file). Another user's threads are never looked at or touched.
 
     `sha256` is the file's digest when the caller computed it while writing the file."""
     limit = max_bytes if max_bytes is not None else max_transcript_bytes()
@@ -161,7 +162,7 @@ def import_transcript_file(
         )
     sha256 = sha256 or file_sha256(path)
     known = Thread.objects.filter(
-        source_path=str(path), source_sha256=sha256, source_size=size
+        owner=user, source_path=str(path), source_sha256=sha256, source_size=size
     ).first()
     if known is not None:
         return ImportResult(path=path, outcome="unchanged", thread=known, turns=known.turn_count)
@@ -181,7 +182,7 @@ def import_transcript_file(
 
 
 def import_uploaded_transcript(
-    *, upload: IO[bytes], filename: str, user: AbstractBaseUser | None = None
+    *, upload: IO[bytes], filename: str, user: AbstractBaseUser
 ) -> ImportResult:
     """Keep an uploaded file under the var folder (approvals re-check its digest later), then import it."""
     uploads = _uploads_dir()
@@ -279,7 +280,7 @@ def _recorded_elsewhere(thread: Thread, path: Path) -> bool:
 
 
 def _save_thread(
-    parsed: ParsedThread, *, path: Path, sha256: str, size: int, user: AbstractBaseUser | None
+    parsed: ParsedThread, *, path: Path, sha256: str, size: int, user: AbstractBaseUser
 ) -> tuple[Thread, Outcome]:
     table = price_table()
     turns = [_turn_row(turn, table) for turn in parsed.turns]
@@ -300,7 +301,7 @@ def _save_thread(
     }
     with transaction.atomic():
         thread = Thread.objects.filter(
-            source_kind=parsed.kind, session_id=parsed.session_id
+            owner=user, source_kind=parsed.kind, session_id=parsed.session_id
         ).first()
         if thread is not None and _recorded_elsewhere(thread, path):
             if thread.source_sha256 == sha256:
@@ -317,7 +318,7 @@ def _save_thread(
             return thread, "unchanged"
         if thread is None:
             thread = Thread.objects.create(
-                source_kind=parsed.kind, session_id=parsed.session_id, imported_by=user, **values
+                source_kind=parsed.kind, session_id=parsed.session_id, owner=user, **values
             )
             outcome: Outcome = "new"
         else:

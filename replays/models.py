@@ -73,17 +73,6 @@ class TokenTotals(models.Model):
         return {name: getattr(self, name) for name in TOKEN_FIELDS}
 
 
-class ThreadQuerySet(models.QuerySet["Thread"]):
-    def search(self, text: str) -> ThreadQuerySet:
-        """Threads whose title, folder or any request contains the text (case-insensitive)."""
-        text = text.strip()
-        if not text:
-            return self
-        # Exists, not a join: a thread matching in many turns is listed once.
-        in_requests = Exists(Turn.objects.filter(thread=OuterRef("pk"), request__icontains=text))
-        return self.filter(Q(title__icontains=text) | Q(cwd__icontains=text) | in_requests)
-
-
 class OwnedQuerySet(models.QuerySet):  # type: ignore[type-arg]
     """Rows a user may see: their own; staff see all."""
 
@@ -93,6 +82,17 @@ class OwnedQuerySet(models.QuerySet):  # type: ignore[type-arg]
         if user.is_staff:
             return self
         return self.filter(**{self.owner_path: user})
+
+
+class ThreadQuerySet(OwnedQuerySet):
+    def search(self, text: str) -> ThreadQuerySet:
+        """Threads whose title, folder or any request contains the text (case-insensitive)."""
+        text = text.strip()
+        if not text:
+            return self
+        # Exists, not a join: a thread matching in many turns is listed once.
+        in_requests = Exists(Turn.objects.filter(thread=OuterRef("pk"), request__icontains=text))
+        return self.filter(Q(title__icontains=text) | Q(cwd__icontains=text) | in_requests)
 
 
 class RunQuerySet(OwnedQuerySet):
@@ -143,12 +143,14 @@ class Thread(TokenTotals):
     seconds = models.FloatField(null=True, blank=True)
     # Time the model spent answering (summed over turns); null when the transcript does not tell.
     model_seconds = models.FloatField(null=True, blank=True)
-    imported_by = models.ForeignKey(
+    # Who imported it: it is theirs (staff see all). Null only for threads imported before
+    # threads were owned when no user existed to give them to: those only staff see.
+    owner = models.ForeignKey(
         settings.AUTH_USER_MODEL,
         null=True,
         blank=True,
-        on_delete=models.SET_NULL,
-        related_name="imported_threads",
+        on_delete=models.CASCADE,
+        related_name="threads",
     )
     imported_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(auto_now=True)
@@ -158,9 +160,10 @@ class Thread(TokenTotals):
     class Meta:
         ordering = [F("started_at").desc(nulls_last=True), "-id"]
         constraints = [
-            # A session is imported once per tool: re-import updates it in place.
+            # A session is imported once per owner and tool: re-import updates it in place,
+            # and one user's upload never touches another's thread.
             models.UniqueConstraint(
-                fields=["source_kind", "session_id"], name="thread_unique_session"
+                fields=["owner", "source_kind", "session_id"], name="thread_unique_session"
             ),
             _choices_check("source_kind", SourceKind, "thread_source_kind_valid"),
             models.CheckConstraint(
@@ -177,6 +180,8 @@ class Thread(TokenTotals):
         indexes = [
             # The thread list: newest first.
             models.Index(fields=["-started_at", "-id"], name="thread_started_idx"),
+            # "My threads", newest first.
+            models.Index(fields=["owner", "-started_at"], name="thread_owner_started_idx"),
         ]
 
     def __str__(self) -> str:

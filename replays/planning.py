@@ -38,11 +38,15 @@ from replays.models import (
 
 MAX_REQUEST_BYTES = 1024 * 1024
 MAX_PATH_LENGTH = 4096
+# The longest name one folder or file can have (in bytes): a longer one names nothing.
+MAX_NAME_BYTES = 255
 MAX_TITLE_LENGTH = 500
 MAX_VERIFY_COMMAND_LENGTH = 4000
 MAX_TEST_PATHS = 20
 MAX_TEST_PATH_LENGTH = 200
 MIN_TIMEOUT_SECONDS = 10
+# The largest id a (64-bit) primary key holds; a larger one cannot even be looked up.
+MAX_ID = 2**63 - 1
 MAX_TIMEOUT_SECONDS = 24 * 60 * 60
 REQUEST_SEPARATOR = "\n\n---\n\n"
 # Users commit an agent's work right after it finishes: commits this soon after the
@@ -181,6 +185,19 @@ def _optional_string(item: dict[str, Any], key: str, *, max_length: int, where: 
     if _has_control_characters(value):
         raise PlanInputError(f"{where}: {key} contains control characters.", details={"field": key})
     return value or None
+
+
+def _path_string(item: dict[str, Any], key: str, *, where: str) -> str | None:
+    value = _optional_string(item, key, max_length=MAX_PATH_LENGTH, where=where)
+    if value is not None and any(
+        len(part.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES for part in Path(value).parts
+    ):
+        raise PlanInputError(
+            f"{where}: {key} has a name longer than {MAX_NAME_BYTES} bytes: no folder is "
+            "named so.",
+            details={"field": key},
+        )
+    return value
 
 
 def _commit_string(item: dict[str, Any], key: str, *, where: str) -> str | None:
@@ -350,7 +367,7 @@ def _normalise_thread_item(item: Any, index: int) -> dict[str, Any]:
     if unknown:
         raise PlanInputError(f"{where}: unknown fields {', '.join(sorted(unknown))}.")
     thread_id = item.get("thread_id")
-    if isinstance(thread_id, bool) or not isinstance(thread_id, int) or thread_id < 1:
+    if isinstance(thread_id, bool) or not isinstance(thread_id, int) or not 1 <= thread_id <= MAX_ID:
         raise PlanInputError(
             f"{where}: thread_id must be a thread's id.", details={"field": "thread_id"}
         )
@@ -375,7 +392,7 @@ def _normalise_thread_item(item: Any, index: int) -> dict[str, Any]:
         ),
         "end_message_uuid": _optional_string(item, "end_message_uuid", max_length=200, where=where),
         "request": request,
-        "repository": _optional_string(item, "repository", max_length=MAX_PATH_LENGTH, where=where),
+        "repository": _path_string(item, "repository", where=where),
         "baseline_commit": _commit_string(item, "baseline_commit", where=where),
         "ending_commit": _commit_string(item, "ending_commit", where=where),
         "thread_title": _optional_string(
@@ -436,13 +453,23 @@ def verify_command_files(repository: Path, command: str | None) -> dict[str, str
     except ValueError:
         words = command.split()
     names = []
+    root = repository.resolve()
     for word in words:
         candidate = word.split("::", 1)[0]
         if candidate.startswith("-") or candidate.startswith("/") or ".." in Path(candidate).parts:
             continue
-        if (repository / candidate).is_file() and candidate not in names:
+        if candidate not in names and _is_file_inside(root, repository / candidate):
             names.append(candidate)
     return repos.digest_files(repository, names) if names else {}
+
+
+def _is_file_inside(root: Path, path: Path) -> bool:
+    """A file of the repository: a link out of it is not one, like an absolute path; a name
+    the system refuses (too long) names none."""
+    try:
+        return path.is_file() and root in path.resolve().parents
+    except (OSError, RuntimeError):  # RuntimeError: a loop of links
+        return False
 
 
 def _question(question: repos.Question, thread: Thread) -> dict[str, Any]:
@@ -581,7 +608,7 @@ def known_clones(*, owner: AbstractBaseUser, thread: Thread) -> list[dict[str, s
     thread_ids = {thread.pk}
     recorded = {thread.git_commit} - {""}
     if thread.cwd:
-        same_folder = Thread.objects.filter(cwd=thread.cwd)
+        same_folder = Thread.objects.filter(owner=thread.owner_id, cwd=thread.cwd)
         thread_ids |= set(same_folder.values_list("pk", flat=True))
         commits = same_folder.exclude(git_commit="").order_by().values_list("git_commit", flat=True)
         recorded |= set(commits.distinct()[:MAX_KNOWN_CLONES])
@@ -620,6 +647,7 @@ def _next_session_start(thread: Thread) -> Any:
         return None
     return (
         Thread.objects.filter(
+            owner=thread.owner_id,
             cwd=thread.cwd,
             started_at__gt=thread.ended_at,
             started_at__lt=thread.ended_at + ENDING_GRACE,
@@ -705,9 +733,11 @@ def prepare_thread(
     return first
 
 
-def load_threads(configuration: dict[str, Any]) -> list[Thread]:
+def load_threads(configuration: dict[str, Any], owner: AbstractBaseUser) -> list[Thread]:
+    """The configuration's threads, among those `owner` may see (another user's thread is
+    as unknown as one that does not exist)."""
     ids = [item["thread_id"] for item in configuration["configurations"]]
-    threads = Thread.objects.in_bulk(ids)
+    threads = Thread.objects.visible_to(owner).in_bulk(ids)
     missing = [thread_id for thread_id in ids if thread_id not in threads]
     if missing:
         raise PlanInputError(
@@ -782,7 +812,7 @@ def status_phrase(status: str) -> str:
 
 def prepare_plan(*, owner: AbstractBaseUser, raw_configuration: Any) -> PreparedPlan:
     configuration = normalise_configuration(raw_configuration)
-    threads = load_threads(configuration)
+    threads = load_threads(configuration, owner)
     plan_blockers: list[str] = []
     unavailable = []
     for model in configuration["models"]:

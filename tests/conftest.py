@@ -43,7 +43,7 @@ def no_agents_unless_configured(settings: Any, monkeypatch: pytest.MonkeyPatch) 
 
 @pytest.fixture
 def user(db: None) -> User:
-    return User.objects.create_user("alice", "alice@example.com", "correct-horse-battery")
+    return importer()
 
 
 @pytest.fixture
@@ -85,10 +85,12 @@ def make_thread(db: None) -> Callable[..., Thread]:
         cost: Decimal | None = Decimal("0.25"),
         requests: list[str] | None = None,
         started_at: datetime | None = None,
+        owner: User | None = None,
     ) -> Thread:
         number = next(_sequence)
         start = started_at or datetime(2026, 11, 1, 9, 0, tzinfo=UTC) + timedelta(hours=number)
         thread = Thread.objects.create(
+            owner=owner or importer(),
             source_kind=kind,
             session_id=f"session-{number}",
             title=title or f"Thread {number}",
@@ -211,9 +213,21 @@ def sample_repo(tmp_path: Path) -> Path:
     return repo
 
 
+def importer() -> User:
+    """Whoever imports in a test that does not care who: the user `alice` (the `user`
+    fixture's), made when missing."""
+    found, _ = User.objects.get_or_create(
+        username="alice", defaults={"email": "alice@example.com"}
+    )
+    if not found.password:
+        found.set_password("correct-horse-battery")
+        found.save()
+    return found
+
+
 @pytest.fixture
-def real_threads(db: None) -> dict[str, Thread]:
-    """The real fixture sessions imported, by their manifest name."""
+def real_threads(db: None, user: User) -> dict[str, Thread]:
+    """The real fixture sessions imported by `user` (alice), by their manifest name."""
     import json
 
     from replays import importing
@@ -221,7 +235,9 @@ def real_threads(db: None) -> dict[str, Thread]:
     manifest = json.loads(MANIFEST_PATH.read_text())
     threads = {}
     for session in manifest["sessions"]:
-        result = importing.import_transcript_file(path=REAL_TRANSCRIPTS / session["path"])
+        result = importing.import_transcript_file(
+            path=REAL_TRANSCRIPTS / session["path"], user=user
+        )
         assert result.thread is not None, result.error
         threads[session["name"]] = result.thread
     return threads

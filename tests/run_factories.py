@@ -107,6 +107,7 @@ def make_run_graph(
     now = timezone.now()
     suffix = secrets.token_hex(6)
     thread = Thread.objects.create(
+        owner=owner,
         source_kind=SourceKind.CLAUDE_CODE,
         session_id=f"session-{suffix}",
         title=f"Replay test thread {suffix}",

@@ -12,7 +12,7 @@ from django.contrib.auth.models import User
 from django.core.management import CommandError, call_command
 
 from replays.models import Thread
-from tests.conftest import REAL_TRANSCRIPTS
+from tests.conftest import REAL_TRANSCRIPTS, importer
 
 pytestmark = pytest.mark.django_db
 
@@ -35,7 +35,9 @@ def litellm_file(path: Path, per_token_input: float) -> Path:
 
 
 def test_update_prices_reprices_every_imported_turn(var_dir: Path, tmp_path: Path) -> None:
-    call_command("import_threads", str(REAL_TRANSCRIPTS), stdout=io.StringIO())
+    call_command(
+        "import_threads", "--user", importer().username, str(REAL_TRANSCRIPTS), stdout=io.StringIO()
+    )
     thread = Thread.objects.filter(models_used=["gpt-5.5"]).get()
     before = thread.cost_usd
     out = io.StringIO()
@@ -136,7 +138,7 @@ def test_text_from_transcripts_cannot_drive_the_terminal(tmp_path: Path, var_dir
         "cwd": "/tmp/x", "message": {"role": "user", "content": hostile},
     }) + "\n")  # fmt: skip
     out = io.StringIO()
-    call_command("import_threads", str(tmp_path / "projects"), "--no-progress", stdout=out,
+    call_command("import_threads", "--user", importer().username, str(tmp_path / "projects"), "--no-progress", stdout=out,
                  stderr=io.StringIO())  # fmt: skip
     printed = out.getvalue()
     assert "Fix it" in printed and "now" in printed

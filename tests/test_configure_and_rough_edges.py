@@ -347,7 +347,8 @@ def test_known_clones_are_the_users_own_earlier_repositories_never_another_users
     my_plan = earlier_plan(user, mine, earlier_thread)
     earlier_plan(user, removed, earlier_thread)
     earlier_plan(user, elsewhere, make_thread(cwd="/somewhere/else"))
-    earlier_plan(other_user, theirs, earlier_thread)
+    # Bob's own thread of the same folder (threads are their importer's).
+    earlier_plan(other_user, theirs, make_thread(cwd=folder, owner=other_user))
 
     thread = make_thread(cwd=folder)
     plan = planning.prepare_plan(
@@ -358,9 +359,10 @@ def test_known_clones_are_the_users_own_earlier_repositories_never_another_users
         {"repository": str(mine.resolve()), "reason": f"used by your plan {my_plan.pk}"}
     ]
     # Bob asks the same question: he sees his clone, not Alice's.
+    bobs = make_thread(cwd=folder, owner=other_user)
     theirs_plan = planning.prepare_plan(
         owner=other_user,
-        raw_configuration={"configurations": [{"thread_id": thread.pk}], "models": ["empty"]},
+        raw_configuration={"configurations": [{"thread_id": bobs.pk}], "models": ["empty"]},
     ).plan
     assert [c["repository"] for c in theirs_plan.questions[0]["choices"]] == [str(theirs.resolve())]
 

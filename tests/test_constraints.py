@@ -47,6 +47,7 @@ def clone(obj: models.Model, **changes: Any) -> models.Model:
 def graph(db: None, user: User) -> Graph:
     now = timezone.now()
     thread = Thread.objects.create(
+        owner=user,
         source_kind=SourceKind.CODEX,
         session_id="s-1",
         title="t",

@@ -33,7 +33,7 @@ from replays.models import TOKEN_FIELDS, Thread
 from replays.transcripts import TranscriptError, parse_transcript
 from replays.transcripts.base import MAX_MESSAGE_ID_CHARS, MAX_THREAD_TOKENS, ParsedThread
 from replays.transcripts.claude_code import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP
-from tests.conftest import REAL_TRANSCRIPTS
+from tests.conftest import REAL_TRANSCRIPTS, importer
 
 MANIFEST = json.loads((REAL_TRANSCRIPTS / "manifest.json").read_text())
 REAL_FILES = {
@@ -268,7 +268,7 @@ def test_an_import_never_crashes_and_never_half_writes_a_thread(kind: str, api_c
 
 
 def import_and_check(path: Path, content: bytes, api_client: Any) -> None:
-    result = importing.import_transcript_file(path=path)
+    result = importing.import_transcript_file(path=path, user=importer())
     summary = importing.ImportSummary()
     summary.add(result)
     assert summary.files == 1

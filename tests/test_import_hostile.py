@@ -29,6 +29,7 @@ from replays.transcripts.base import (
     MAX_THREAD_COST_USD,
     MAX_THREAD_TOKENS,
 )
+from tests.conftest import importer
 
 pytestmark = pytest.mark.django_db
 
@@ -140,7 +141,15 @@ def codex_record(second: int, input_tokens: Any, output_tokens: Any = 10) -> dic
 
 def run_import(*paths: Path) -> tuple[str, str]:
     out, err = io.StringIO(), io.StringIO()
-    call_command("import_threads", *map(str, paths), "--no-progress", stdout=out, stderr=err)
+    call_command(
+        "import_threads",
+        "--user",
+        importer().username,
+        *map(str, paths),
+        "--no-progress",
+        stdout=out,
+        stderr=err,
+    )
     return out.getvalue(), err.getvalue()
 
 
@@ -169,7 +178,7 @@ def test_a_line_with_absurd_token_counts_is_skipped_and_the_pages_still_load(
             assistant(5, {"input_tokens": 1000, "output_tokens": 200}),
         ],
     )
-    result = importing.import_transcript_file(path=path)
+    result = importing.import_transcript_file(path=path, user=importer())
 
     assert result.outcome == "new"
     assert [line for line, _ in problems(result)] == [2]
@@ -196,7 +205,7 @@ def test_token_counts_beyond_the_bound_are_bad_lines_in_claude_files(
         tmp_path,
         [user("u1", 0, "Add a test"), line, assistant(5, {"input_tokens": 7, "output_tokens": 1})],
     )
-    result = importing.import_transcript_file(path=path)
+    result = importing.import_transcript_file(path=path, user=importer())
 
     assert result.outcome == "new"
     assert [line for line, _ in problems(result)] == [2]
@@ -214,7 +223,7 @@ def test_token_counts_beyond_the_bound_are_bad_lines_in_codex_files(tmp_path: Pa
             codex_record(4, 400),
         ],
     )
-    result = importing.import_transcript_file(path=path)
+    result = importing.import_transcript_file(path=path, user=importer())
 
     assert result.outcome == "new"
     assert [line for line, _ in problems(result)] == [4, 5]
@@ -226,7 +235,7 @@ def test_a_bound_exactly_is_still_counted(tmp_path: Path) -> None:
     path = claude_file(
         tmp_path, [user("u1", 0, "Add a test"), assistant(3, {"input_tokens": MAX_LINE_TOKENS})]
     )
-    result = importing.import_transcript_file(path=path)
+    result = importing.import_transcript_file(path=path, user=importer())
     assert result.problems == []
     assert Thread.objects.get().input_tokens == MAX_LINE_TOKENS
 
@@ -238,7 +247,7 @@ def test_a_session_cannot_sum_past_its_bound(tmp_path: Path, client: Any, staff_
     allowed = MAX_THREAD_TOKENS // per_line
     lines: list[Any] = [user("u1", 0, "Add a test")]
     lines += [assistant(second, {"output_tokens": per_line}) for second in range(1, allowed + 4)]
-    result = importing.import_transcript_file(path=claude_file(tmp_path, lines))
+    result = importing.import_transcript_file(path=claude_file(tmp_path, lines), user=importer())
 
     assert result.outcome == "new"
     assert [line for line, _ in problems(result)] == list(range(allowed + 2, allowed + 5))
@@ -252,7 +261,7 @@ def test_codex_sums_cannot_pass_the_session_bound(tmp_path: Path) -> None:
     allowed = MAX_THREAD_TOKENS // MAX_LINE_TOKENS
     lines = [codex_prompt(1, "Add a test", "t1")]
     lines += [codex_record(second, MAX_LINE_TOKENS, 0) for second in range(2, allowed + 4)]
-    result = importing.import_transcript_file(path=codex_file(tmp_path, lines))
+    result = importing.import_transcript_file(path=codex_file(tmp_path, lines), user=importer())
 
     assert len(result.problems) == 2
     assert Thread.objects.get().input_tokens == MAX_THREAD_TOKENS
@@ -310,7 +319,7 @@ def test_unstorable_characters_are_cleaned_and_the_rest_of_the_text_kept(
             assistant(3, {"input_tokens": 5}, model=f"claude-{bad}sonnet-4-5"),
         ],
     )
-    result = importing.import_transcript_file(path=path)
+    result = importing.import_transcript_file(path=path, user=importer())
 
     assert result.outcome == "new", result.error
     turn = Turn.objects.get()
@@ -323,7 +332,7 @@ def test_unstorable_characters_are_cleaned_and_the_rest_of_the_text_kept(
 
 def test_a_lone_surrogate_in_a_codex_prompt_is_replaced(tmp_path: Path) -> None:
     path = codex_file(tmp_path, [codex_prompt(1, "Rename \udfff it", "t1"), codex_record(2, 4)])
-    result = importing.import_transcript_file(path=path)
+    result = importing.import_transcript_file(path=path, user=importer())
     assert result.outcome == "new", result.error
     assert Turn.objects.get().request == "Rename \ufffd it"
 
@@ -331,7 +340,7 @@ def test_a_lone_surrogate_in_a_codex_prompt_is_replaced(tmp_path: Path) -> None:
 def test_nul_in_a_codex_session_is_removed(tmp_path: Path) -> None:
     lines = [codex_prompt(1, "Do\u0000 it", "t\u00001"), codex_record(2, 4)]
     path = codex_file(tmp_path, lines, session="sess\u0000ion")
-    result = importing.import_transcript_file(path=path)
+    result = importing.import_transcript_file(path=path, user=importer())
     assert result.outcome == "new", result.error
     thread = Thread.objects.get()
     assert thread.session_id == "session"
@@ -360,7 +369,7 @@ def test_a_timestamp_that_cannot_be_represented_is_a_bad_line(
     codex = codex_file(tmp_path, [codex_prompt(1, "Add a test", "t1"), codex_line])
 
     for path in (claude, codex):
-        result = importing.import_transcript_file(path=path)
+        result = importing.import_transcript_file(path=path, user=importer())
         assert result.outcome == "new", result.error
         (problem,) = result.problems
         assert "timestamp" in problem.message
@@ -377,7 +386,7 @@ def test_long_uuids_that_share_their_first_200_characters_stay_apart(tmp_path: P
             user("u3", 2, "Third"),
         ],
     )
-    result = importing.import_transcript_file(path=path)
+    result = importing.import_transcript_file(path=path, user=importer())
 
     assert result.outcome == "new", result.error
     uuids = list(Turn.objects.order_by("index").values_list("message_uuid", flat=True))
@@ -395,7 +404,7 @@ def test_a_derived_id_never_collides_with_a_real_one(tmp_path: Path) -> None:
         tmp_path,
         [user(None, 0, "No uuid here"), user("line-1", 1, "A uuid that looks derived")],
     )
-    result = importing.import_transcript_file(path=path)
+    result = importing.import_transcript_file(path=path, user=importer())
 
     assert result.outcome == "new", result.error
     uuids = list(Turn.objects.order_by("index").values_list("message_uuid", flat=True))
@@ -409,7 +418,9 @@ def test_codex_derived_ids_stay_unique_with_a_long_session_id(tmp_path: Path) ->
         codex_prompt(2, "Second"),
         codex_prompt(3, "Third", f"{session}:0"),  # a real turn id shaped like a derived one
     ]
-    result = importing.import_transcript_file(path=codex_file(tmp_path, lines, session=session))
+    result = importing.import_transcript_file(
+        path=codex_file(tmp_path, lines, session=session), user=importer()
+    )
 
     assert result.outcome == "new", result.error
     uuids = list(Turn.objects.order_by("index").values_list("message_uuid", flat=True))
@@ -424,7 +435,7 @@ def test_a_session_id_over_the_column_length_refuses_the_file(tmp_path: Path, ki
         path = codex_file(tmp_path, [codex_prompt(1, "Add a test", "t1")], session=session)
     else:
         path = claude_file(tmp_path, [user("u1", 0, "Add a test", sessionId=session)])
-    result = importing.import_transcript_file(path=path)
+    result = importing.import_transcript_file(path=path, user=importer())
 
     assert result.outcome == "failed"
     assert path.name in result.error and "session id" in result.error
@@ -450,7 +461,9 @@ def test_import_threads_goes_on_after_a_file_that_fails(tmp_path: Path, monkeypa
     monkeypatch.setattr(importing, "_save_thread", save_or_crash)
     out, err = io.StringIO(), io.StringIO()
     with pytest.raises(CommandError, match="2 of 4 files could not be imported"):
-        call_command("import_threads", str(folder), stdout=out, stderr=err)
+        call_command(
+            "import_threads", "--user", importer().username, str(folder), stdout=out, stderr=err
+        )
 
     assert "4 files: 2 new, 0 updated, 0 unchanged, 2 failed" in out.getvalue()
     assert f"{crashing}" in err.getvalue() and "the disk is full" in err.getvalue()
@@ -498,7 +511,9 @@ def test_an_upload_that_crashes_leaves_no_file(tmp_path: Path, settings: Any, mo
     monkeypatch.setattr(importing, "_save_thread", crash)
     content = sane_session(tmp_path).read_bytes()
     with pytest.raises(RuntimeError):
-        importing.import_uploaded_transcript(upload=io.BytesIO(content), filename="s.jsonl")
+        importing.import_uploaded_transcript(
+            upload=io.BytesIO(content), filename="s.jsonl", user=importer()
+        )
     assert uploads(settings) == []
 
 
@@ -534,7 +549,13 @@ def test_a_second_file_with_the_same_session_is_refused_naming_both(tmp_path: Pa
         err = io.StringIO()
         with pytest.raises(CommandError, match="1 of 2 files could not be imported"):
             call_command(
-                "import_threads", str(first), str(second), stdout=io.StringIO(), stderr=err
+                "import_threads",
+                "--user",
+                importer().username,
+                str(first),
+                str(second),
+                stdout=io.StringIO(),
+                stderr=err,
             )
         assert f"duplicate of {first}" in err.getvalue()
         assert str(second) in err.getvalue()
@@ -548,9 +569,9 @@ def test_the_recorded_file_wins_whichever_order_the_files_come_in(tmp_path: Path
     (tmp_path / "two").mkdir()
     first = sane_session(tmp_path / "one")
     second = sane_session(tmp_path / "two", request="Something else entirely")
-    assert importing.import_transcript_file(path=first).outcome == "new"
+    assert importing.import_transcript_file(path=first, user=importer()).outcome == "new"
 
-    result = importing.import_transcript_file(path=second)
+    result = importing.import_transcript_file(path=second, user=importer())
     assert result.outcome == "failed"
     assert str(first) in result.error and str(second) in result.error
     assert Thread.objects.get().source_path == str(first)
@@ -571,7 +592,7 @@ def test_a_moved_and_grown_file_takes_over_from_its_old_path(tmp_path: Path) -> 
     (tmp_path / "old").mkdir()
     (tmp_path / "new").mkdir()
     old = sane_session(tmp_path / "old")
-    importing.import_transcript_file(path=old)
+    importing.import_transcript_file(path=old, user=importer())
     old.unlink()
     new = claude_file(
         tmp_path / "new",
@@ -581,7 +602,7 @@ def test_a_moved_and_grown_file_takes_over_from_its_old_path(tmp_path: Path) -> 
             user("u2", 9, "And document it"),
         ],
     )
-    assert importing.import_transcript_file(path=new).outcome == "updated"
+    assert importing.import_transcript_file(path=new, user=importer()).outcome == "updated"
     thread = Thread.objects.get()
     assert thread.source_path == str(new) and thread.turn_count == 2
 
@@ -650,6 +671,13 @@ def test_a_file_name_that_is_not_utf8_is_refused_and_the_import_goes_on(tmp_path
     # The same session in both: the good one is imported, the other refused for its name.
     err = io.StringIO()
     with pytest.raises(CommandError, match="1 of 2 files"):
-        call_command("import_threads", str(folder), stdout=io.StringIO(), stderr=err)
+        call_command(
+            "import_threads",
+            "--user",
+            importer().username,
+            str(folder),
+            stdout=io.StringIO(),
+            stderr=err,
+        )
     assert "not UTF-8" in err.getvalue()
     assert Thread.objects.get().source_path.endswith("z-good.jsonl")

@@ -17,7 +17,7 @@ from django.core.management import CommandError, call_command
 
 from replays import importing
 from replays.models import SourceKind, Thread, Turn
-from tests.conftest import EDGE_TRANSCRIPTS, REAL_TRANSCRIPTS
+from tests.conftest import EDGE_TRANSCRIPTS, REAL_TRANSCRIPTS, importer
 
 pytestmark = pytest.mark.django_db
 
@@ -27,7 +27,9 @@ SESSIONS = MANIFEST["sessions"]
 
 def run_import(*paths: Path) -> tuple[str, str]:
     out, err = io.StringIO(), io.StringIO()
-    call_command("import_threads", *map(str, paths), stdout=out, stderr=err)
+    call_command(
+        "import_threads", "--user", importer().username, *map(str, paths), stdout=out, stderr=err
+    )
     return out.getvalue(), err.getvalue()
 
 
@@ -123,7 +125,14 @@ def test_a_file_that_is_not_a_transcript_is_refused_and_leaves_nothing(tmp_path:
     bogus.write_text('{"hello": "world"}\n{"also": "not a transcript"}\n')
     err = io.StringIO()
     with pytest.raises(CommandError, match="1 of 1 files could not be imported"):
-        call_command("import_threads", str(bogus), stdout=io.StringIO(), stderr=err)
+        call_command(
+            "import_threads",
+            "--user",
+            importer().username,
+            str(bogus),
+            stdout=io.StringIO(),
+            stderr=err,
+        )
     assert "notes.jsonl" in err.getvalue()
     assert "not a Claude Code or Codex transcript" in err.getvalue()
     assert Thread.objects.count() == 0
@@ -133,7 +142,7 @@ def test_a_file_over_the_size_limit_is_refused(tmp_path: Path, settings) -> None
     settings.REPLAYS_MAX_TRANSCRIPT_BYTES = 1024
     big = tmp_path / "big.jsonl"
     shutil.copy(REAL_TRANSCRIPTS / SESSIONS[0]["path"], big)
-    result = importing.import_transcript_file(path=big)
+    result = importing.import_transcript_file(path=big, user=importer())
     assert result.outcome == "failed"
     assert "larger than the transcript limit" in result.error
     assert Thread.objects.count() == 0
@@ -163,14 +172,14 @@ def test_a_failure_inside_the_write_leaves_no_partial_thread(tmp_path: Path, mon
 
     monkeypatch.setattr(Turn.objects, "bulk_create", explode)
     with pytest.raises(RuntimeError):
-        importing.import_transcript_file(path=path)
+        importing.import_transcript_file(path=path, user=importer())
     assert Thread.objects.count() == 0
     assert Turn.objects.count() == 0
 
 
 @pytest.mark.parametrize("path", sorted(p.name for p in EDGE_TRANSCRIPTS.glob("*") if p.is_file()))
 def test_every_edge_case_file_gets_a_clear_report(path: str) -> None:
-    result = importing.import_transcript_file(path=EDGE_TRANSCRIPTS / path)
+    result = importing.import_transcript_file(path=EDGE_TRANSCRIPTS / path, user=importer())
     if result.outcome == "failed":
         assert path in result.error
         assert Thread.objects.count() == 0
@@ -200,7 +209,7 @@ def test_an_unknown_model_has_unknown_cost_not_zero(tmp_path: Path) -> None:
     )
     path = tmp_path / "mystery.jsonl"
     path.write_text(text)
-    importing.import_transcript_file(path=path)
+    importing.import_transcript_file(path=path, user=importer())
     thread = Thread.objects.get(session_id=session["session_id"])
     assert thread.cost_usd is None
     assert all(turn.cost_usd is None for turn in thread.turns.all())
@@ -211,11 +220,20 @@ def test_progress_bar_is_drawn_on_a_terminal(tmp_path: Path) -> None:
     env.pop("DATABASE_URL", None)
     manage = Path(__file__).resolve().parent.parent / "manage.py"
     subprocess.run([sys.executable, str(manage), "migrate", "-v0"], env=env, check=True)
+    make_alice = "from django.contrib.auth.models import User; User.objects.create_user('alice')"
+    subprocess.run([sys.executable, str(manage), "shell", "-c", make_alice], env=env, check=True)
     pid, fd = pty.fork()
     if pid == 0:  # child: the command with a terminal on stdout and stderr
         os.execve(
             sys.executable,
-            [sys.executable, str(manage), "import_threads", str(REAL_TRANSCRIPTS)],
+            [
+                sys.executable,
+                str(manage),
+                "import_threads",
+                "--user",
+                "alice",
+                str(REAL_TRANSCRIPTS),
+            ],
             env,
         )
     output = b""

@@ -505,7 +505,7 @@ def test_upload_of_a_claude_code_transcript_creates_the_thread(
     assert response["Location"] == thread.get_absolute_url()
     assert thread.source_kind == "claude_code"
     assert thread.turn_count == 2
-    assert thread.imported_by == user
+    assert thread.owner == user
 
     page = logged_in_client.get(response["Location"])
     assert any(re.search(r"^Imported .+: 2 turns\.$", m) for m in messages_of(page))

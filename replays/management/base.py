@@ -11,7 +11,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from django.core.management.base import BaseCommand, OutputWrapper
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import AbstractBaseUser
+from django.core.management.base import BaseCommand, CommandError, OutputWrapper
 
 from replays.processes import plain_text
 
@@ -53,3 +55,22 @@ class ReplaysCommand(BaseCommand):
         if options.get("no_color"):
             self.stderr.style_func = None
         return super().execute(*args, **options)
+
+
+def command_user(username: str | None, *, acting: str) -> AbstractBaseUser:
+    """Who a command acts for, by one rule for every command: `--user NAME`, else the one
+    active superuser (an error naming what to do when there is none or several).
+    `acting` says what for, in the error ("owns the plan", "imports the threads")."""
+    users = get_user_model().objects
+    if username:
+        user = users.filter(username=username).first()
+        if user is None:
+            raise CommandError(f"No user named {username}.")
+        return user
+    superusers = list(users.filter(is_superuser=True, is_active=True)[:2])
+    if len(superusers) != 1:
+        raise CommandError(
+            f"Say who {acting} with --user NAME "
+            "(or create one superuser: manage.py createsuperuser)."
+        )
+    return superusers[0]

@@ -122,7 +122,7 @@ def _question_view(question: dict[str, Any]) -> dict[str, Any]:
 
 def _preparation_views(plan: Plan) -> list[ThreadPreparationView]:
     items = plan.configuration.get("configurations", [])
-    threads = Thread.objects.in_bulk([item["thread_id"] for item in items])
+    threads = Thread.objects.visible_to(plan.owner).in_bulk([item["thread_id"] for item in items])
     preparations = {prep.get("thread_id"): prep for prep in plan.preparations}
     uuids = {
         prep.get(key)

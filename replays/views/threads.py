@@ -85,7 +85,7 @@ def folder_labels(paths: list[str]) -> dict[str, str]:
 @login_required
 def thread_list(request: HttpRequest) -> HttpResponse:
     query = request.GET.get("q", "").strip()[:MAX_QUERY_LENGTH]
-    threads = Thread.objects.search(query)
+    threads = Thread.objects.visible_to(request.user).search(query)
     page = Paginator(threads, THREADS_PER_PAGE).get_page(request.GET.get("page"))
     rows = list(page.object_list)
     labels = folder_labels([thread.cwd for thread in rows])
@@ -103,7 +103,7 @@ def thread_list(request: HttpRequest) -> HttpResponse:
             ),
             "totals": list_totals(threads),
             # No threads at all gets the getting-started text; no matches gets "nothing found".
-            "has_threads": bool(rows) or Thread.objects.exists(),
+            "has_threads": bool(rows) or Thread.objects.visible_to(request.user).exists(),
         },
     )
 
@@ -166,7 +166,7 @@ def _replay_form(thread: Thread, data: Any = None) -> ReplayForm:
 @login_required
 def _thread_page_refused(request: HttpRequest, refused: RefusedBody, pk: int) -> HttpResponse:
     """A replay form post too large to read: the same page, with a fresh form saying why."""
-    thread = get_object_or_404(Thread, pk=pk)
+    thread = get_object_or_404(Thread.objects.visible_to(request.user), pk=pk)
     message = (
         f"The form sent {readable_size(refused.size)}, more than the {readable_size(refused.limit)} "
         "a form may send, so none of it was read and the fields below are back to their "
@@ -180,7 +180,7 @@ def _thread_page_refused(request: HttpRequest, refused: RefusedBody, pk: int) ->
 @page_for_refused_body(_thread_page_refused)
 def thread_detail(request: HttpRequest, pk: int) -> HttpResponse:
     """The thread, its turns, and the form that prepares a replay of them."""
-    thread = get_object_or_404(Thread, pk=pk)
+    thread = get_object_or_404(Thread.objects.visible_to(request.user), pk=pk)
     if request.method != "POST":
         return _thread_page(request, thread, _replay_form(thread))
     form = _replay_form(thread, request.POST)

@@ -8,7 +8,7 @@ from typing import Any
 from django.core.management.base import CommandError, CommandParser
 
 from replays import importing
-from replays.management.base import ReplaysCommand
+from replays.management.base import ReplaysCommand, command_user
 
 MAX_PROBLEMS_SHOWN = 20
 
@@ -29,8 +29,12 @@ class Command(ReplaysCommand):
         parser.add_argument(
             "--no-progress", action="store_true", help="Do not draw the progress bar."
         )
+        parser.add_argument(
+            "--user", help="Whose threads they become (default: the only superuser)."
+        )
 
     def handle(self, *args: Any, paths: list[Path], no_progress: bool, **options: Any) -> None:
+        owner = command_user(options["user"], acting="imports the threads")
         for path in paths:
             if not path.exists():
                 raise CommandError(f"{path}: no such file or folder.")
@@ -48,7 +52,7 @@ class Command(ReplaysCommand):
         for number, path in enumerate(files, start=1):
             progress.show(number - 1, path.name)
             try:
-                result = importing.import_transcript_file(path=path)
+                result = importing.import_transcript_file(path=path, user=owner)
             except Exception as exc:
                 # A file that breaks the importer is a failed file, not the end of the run.
                 logger.exception("importing %s failed", path)

@@ -6,15 +6,13 @@ import sys
 import time
 from typing import Any
 
-from django.contrib.auth import get_user_model
-from django.contrib.auth.models import AbstractBaseUser
 from django.core.management.base import CommandError, CommandParser
 from django.core.serializers.json import DjangoJSONEncoder
 
 from replays import approval, dispatch, planning
 from replays.evaluation import report as reports
 from replays.formatting import DASH, duration, usd
-from replays.management.base import ReplaysCommand
+from replays.management.base import ReplaysCommand, command_user
 from replays.models import Batch, PlanStatus, Report, Run, RunStatus, Winner
 
 POLL_SECONDS = 1.0
@@ -93,7 +91,7 @@ class Command(ReplaysCommand):
             raise CommandError("Give at least one --model (for example --model historical).")
         if self.as_json and not options["yes"]:
             raise CommandError("--json needs --yes: there is no prompt to answer.")
-        user = self.owner(options["user"])
+        user = command_user(options["user"], acting="owns the plan")
         configuration = self.configuration(options)
         try:
             prepared = planning.prepare_plan(owner=user, raw_configuration=configuration)
@@ -135,21 +133,6 @@ class Command(ReplaysCommand):
             self.stdout.write(f"Follow it with: python manage.py replay --follow {batch.pk}")
 
     # --- steps ---------------------------------------------------------------------------
-
-    def owner(self, username: str | None) -> AbstractBaseUser:
-        users = get_user_model().objects
-        if username:
-            user = users.filter(username=username).first()
-            if user is None:
-                raise CommandError(f"No user named {username}.")
-            return user
-        superusers = list(users.filter(is_superuser=True, is_active=True)[:2])
-        if len(superusers) != 1:
-            raise CommandError(
-                "Say who owns the plan with --user NAME "
-                "(or create one superuser: manage.py createsuperuser)."
-            )
-        return superusers[0]
 
     def configuration(self, options: dict[str, Any]) -> dict[str, Any]:
         items = []

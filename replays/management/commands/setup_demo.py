@@ -34,9 +34,11 @@ class Command(ReplaysCommand):
         )
 
     def handle(self, *args: Any, username: str, samples: Path, **options: Any) -> None:
+        # The demo user first: the sample threads are theirs.
+        user, created = User.objects.get_or_create(username=username)
         summary = importing.ImportSummary()
         for path in importing.find_transcript_files([samples]):
-            summary.add(importing.import_transcript_file(path=path))
+            summary.add(importing.import_transcript_file(path=path, user=user))
         self.stdout.write(
             f"Sample transcripts: {summary.new} new, {summary.updated} updated, "
             f"{summary.unchanged} unchanged, {summary.failed} failed ({summary.turns} turns)."
@@ -46,7 +48,6 @@ class Command(ReplaysCommand):
                 self.stderr.write(self.style.ERROR(result.error))
         repository = self.sample_repository()
         password = secrets.token_urlsafe(9)
-        user, created = User.objects.get_or_create(username=username)
         user.is_staff = user.is_superuser = True
         user.set_password(password)
         user.save()
@@ -57,7 +58,11 @@ class Command(ReplaysCommand):
                 f"with username {username} and password {password}"
             )
         )
-        thread = Thread.objects.filter(source_kind="claude_code").order_by("started_at").first()
+        thread = (
+            Thread.objects.filter(owner=user, source_kind="claude_code")
+            .order_by("started_at")
+            .first()
+        )
         if thread is None or repository is None:
             return
         replay = self.sample_replay(thread, repository, username)
