@@ -65,6 +65,21 @@ def env_list(name: str, default: list[str]) -> list[str]:
     return [item.strip() for item in value.split(",") if item.strip()]
 
 
+_RATE_PERIODS = {"s", "sec", "second", "m", "min", "minute", "h", "hour", "d", "day"}
+
+
+def env_rate(name: str, default: str) -> str:
+    """A rate as DRF's throttles read it: a whole number, "/", a period."""
+    value = env_str(name) or default
+    number, slash, period = value.partition("/")
+    if not (number.isdigit() and int(number) >= 1 and slash and period in _RATE_PERIODS):
+        raise ValueError(
+            f"{name} must be a number per second, minute, hour or day (like 120/minute), "
+            f"not {value!r}"
+        )
+    return value
+
+
 def env_path(name: str, default: Path) -> Path:
     value = env_str(name)
     path = Path(value).expanduser() if value else default
@@ -83,7 +98,9 @@ REPLAYS_VAR_DIR.mkdir(parents=True, exist_ok=True)
 # var folder (the demo's clone lives there).
 REPLAYS_REPOSITORY_ROOTS = [
     Path(root).expanduser()
-    for root in (env_str("REPLAYS_REPOSITORY_ROOTS") or f"{Path.home()}:{REPLAYS_VAR_DIR}").split(":")
+    for root in (env_str("REPLAYS_REPOSITORY_ROOTS") or f"{Path.home()}:{REPLAYS_VAR_DIR}").split(
+        ":"
+    )
     if root.strip()
 ]
 
@@ -289,7 +306,13 @@ REST_FRAMEWORK = {
     "PAGE_SIZE": 50,
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "replays.api.errors.exception_handler",
+    # JSON only (uploads name their own parser); it refuses lone surrogates and deep nesting.
+    "DEFAULT_PARSER_CLASSES": ["replays.api.parsers.JSONParser"],
+    # Views with throttle_scope "write" (every POST) allow REPLAYS_API_WRITE_RATE per user.
+    "DEFAULT_THROTTLE_CLASSES": ["replays.api.throttling.WriteThrottle"],
 }
+# Writes (POSTs) through the API per user: a person never gets near it, a runaway script does.
+REPLAYS_API_WRITE_RATE = env_rate("REPLAYS_API_WRITE_RATE", "120/minute")
 
 SPECTACULAR_SETTINGS = {
     "TITLE": "Replays API",
@@ -300,6 +323,10 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "replays.api.schema.refuse_unknown_fields",
+    ],
 }
 
 # --- Background work (django-q2) -----------------------------------------------------
@@ -319,6 +346,28 @@ if REDIS_URL:
     Q_CLUSTER["redis"] = REDIS_URL
 else:
     Q_CLUSTER["orm"] = "default"
+
+# The default cache is shared by every process (the API's throttle counts in it): Redis,
+# else a database table, made by `migrate` (replays/migrations/0006_cache_table.py).
+REPLAYS_CACHE_TABLE = "replays_cache"
+CACHES: dict[str, dict[str, object]] = {
+    "default": (
+        {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": REDIS_URL,
+            "KEY_PREFIX": "replays",
+        }
+        if REDIS_URL
+        else {
+            "BACKEND": "django.core.cache.backends.db.DatabaseCache",
+            "LOCATION": REPLAYS_CACHE_TABLE,
+        }
+    ),
+    # The cluster writes its statistics every half second: kept in its own memory, as
+    # before, rather than in the database.
+    "local": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+}
+Q_CLUSTER["cache"] = "local"
 
 LOGGING = {
     "version": 1,

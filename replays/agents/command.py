@@ -137,6 +137,9 @@ class CommandAgent(ConfiguredAgent):
     ) -> Invocation:
         """`command` and the entry's env with `values` in place of their placeholders,
         plus the environment naming our `files`."""
+        if self.model.startswith("-"):
+            # A model typed by hand must not turn into an option of the program.
+            raise AgentSetupError(f"'{self.model}' is not a model name.")
         env = {key: substitute(value, values) for key, value in self.env.items()}
         env.update(files)
         argv = [substitute(part, values) for part in command]

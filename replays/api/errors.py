@@ -5,7 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from django.core.exceptions import PermissionDenied
-from django.http import Http404
+from django.http import Http404, HttpRequest, JsonResponse
+from django.urls import Resolver404, resolve
+from django.views.decorators.csrf import csrf_exempt
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
@@ -56,5 +58,23 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     else:
         message = detail.get("detail", str(exc)) if isinstance(detail, dict) else str(detail)
         code = _CODES.get(response.status_code, getattr(exc, "default_code", "error"))
-        response.data = error_body(code, str(message), None)
+        details = None
+        if isinstance(exc, exceptions.Throttled) and exc.wait is not None:
+            details = {"retry_after": exc.wait}  # seconds, as in the Retry-After header
+        response.data = error_body(code, str(message), details)
     return response
+
+
+@csrf_exempt  # it answers a POST too, and has nothing to protect
+def unknown_path(request: HttpRequest, path: str = "") -> JsonResponse:
+    """Every /api/ path that names no endpoint, whatever the method: 404 in the error shape
+    (not Django's HTML page), with a hint when only the final slash is missing."""
+    message = f"There is no API endpoint at {request.path}."
+    if not request.path.endswith("/"):
+        try:
+            match = resolve(request.path + "/")
+        except Resolver404:
+            match = None
+        if match is not None and match.func is not unknown_path:
+            message += f" Did you mean {request.path}/?"
+    return JsonResponse(error_body("not_found", message), status=status.HTTP_404_NOT_FOUND)

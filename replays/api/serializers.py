@@ -1,8 +1,20 @@
 from __future__ import annotations
 
+from typing import Any
+
+from django.core.validators import RegexValidator
 from rest_framework import serializers
 
-from replays.models import USD_DECIMAL_PLACES, USD_MAX_DIGITS, Thread, Turn
+from replays import planning
+from replays.models import (
+    MAX_MODELS_PER_PLAN,
+    MAX_THREADS_PER_PLAN,
+    MODEL_ID_LENGTH,
+    USD_DECIMAL_PLACES,
+    USD_MAX_DIGITS,
+    Thread,
+    Turn,
+)
 
 TOKEN_KINDS = {
     "input": "input_tokens",
@@ -150,37 +162,70 @@ class PreparationSerializer(serializers.Serializer):
     questions = QuestionSerializer(many=True)
 
 
+# Text that is not only spaces (the server strips what it is given).
+NOT_BLANK = RegexValidator(r"\S")
+# A commit id or the start of one (hexadecimal); blank means "resolve it".
+COMMIT_ID = RegexValidator(r"^\s*[0-9a-fA-F]*\s*$")
+
+
+def _text(max_length: int, **kwargs: Any) -> serializers.CharField:
+    """An optional text of the configuration: null or blank means "not given"."""
+    kwargs.setdefault("allow_blank", True)
+    return serializers.CharField(required=False, allow_null=True, max_length=max_length, **kwargs)
+
+
 class ThreadConfigurationSerializer(serializers.Serializer):
-    thread_id = serializers.IntegerField()
-    start_message_uuid = serializers.CharField(required=False, allow_null=True)
-    end_message_uuid = serializers.CharField(required=False, allow_null=True)
-    request = serializers.CharField(required=False, allow_null=True, help_text="Up to 1 MiB.")
-    repository = serializers.CharField(required=False, allow_null=True)
-    baseline_commit = serializers.CharField(required=False, allow_null=True)
-    ending_commit = serializers.CharField(required=False, allow_null=True)
-    thread_title = serializers.CharField(required=False, allow_null=True)
+    """Documentation only, like RunConfigSerializer."""
+
+    thread_id = serializers.IntegerField(min_value=1, max_value=planning.MAX_ID)
+    start_message_uuid = _text(200)
+    end_message_uuid = _text(200)
+    request = _text(planning.MAX_REQUEST_BYTES, help_text="Up to 1 MiB (in UTF-8; 413 beyond).")
+    repository = _text(planning.MAX_PATH_LENGTH)
+    # Blank is allowed by the pattern (allow_blank would make it a oneOf both branches match).
+    baseline_commit = _text(64, validators=[COMMIT_ID], allow_blank=False)
+    ending_commit = _text(64, validators=[COMMIT_ID], allow_blank=False)
+    thread_title = _text(planning.MAX_TITLE_LENGTH)
 
 
 class RunConfigSerializer(serializers.Serializer):
-    """Documentation only: the body is validated by replays.planning."""
+    """Documentation only: the body is validated by replays.planning (which also refuses
+    control characters, unknown fields and a thread or model given twice)."""
 
-    configurations = ThreadConfigurationSerializer(many=True)
-    models = serializers.ListField(child=serializers.CharField(), min_length=1, max_length=8)
-    timeout_seconds = serializers.IntegerField(required=False)
-    verify_command = serializers.CharField(
+    configurations = serializers.ListField(
+        child=ThreadConfigurationSerializer(), min_length=1, max_length=MAX_THREADS_PER_PLAN
+    )
+    models = serializers.ListField(
+        child=serializers.CharField(
+            min_length=1, max_length=MODEL_ID_LENGTH, validators=[NOT_BLANK]
+        ),
+        min_length=1,
+        max_length=MAX_MODELS_PER_PLAN,
+        help_text="Model ids (GET /api/models/).",
+    )
+    timeout_seconds = serializers.IntegerField(
         required=False,
         allow_null=True,
+        min_value=planning.MIN_TIMEOUT_SECONDS,
+        max_value=planning.MAX_TIMEOUT_SECONDS,
+        help_text="Null: REPLAYS_DEFAULT_TIMEOUT_SECONDS.",
+    )
+    verify_command = _text(
+        planning.MAX_VERIFY_COMMAND_LENGTH,
         help_text="argv (no shell); {junit_xml} is replaced by a path for JUnit XML.",
     )
-    evaluator = serializers.CharField(
-        required=False, allow_null=True, help_text="`tests` or a model id (GET /api/evaluators/)."
-    )
+    evaluator = _text(MODEL_ID_LENGTH, help_text="`tests` or a model id (GET /api/evaluators/).")
     test_paths = serializers.ListField(
-        child=serializers.CharField(),
+        child=serializers.CharField(
+            max_length=planning.MAX_TEST_PATH_LENGTH,
+            # Not blank, not absolute (the server strips the spaces around it).
+            validators=[RegexValidator(r"^\s*[^/\s]")],
+        ),
         required=False,
         allow_null=True,
-        help_text="Globs of the historical diff's test files (default: test_*.py, *_test.py, "
-        "tests/**, *.test.*, *_spec.*).",
+        max_length=planning.MAX_TEST_PATHS,
+        help_text="Relative globs of the historical diff's test files (default: test_*.py, "
+        "*_test.py, tests/**, *.test.*, *_spec.*).",
     )
 
 
@@ -210,9 +255,13 @@ class PlanSerializer(serializers.Serializer):
 
 
 class ApproveInputSerializer(serializers.Serializer):
-    approved = serializers.BooleanField()
-    prepare_token = serializers.CharField()
-    run_config = RunConfigSerializer()
+    """Documentation only: replays.approval checks the approval."""
+
+    approved = serializers.ChoiceField(
+        choices=[True], help_text="Must be true: nothing runs without it."
+    )
+    prepare_token = serializers.CharField(help_text="The token prepare returned.")
+    run_config = RunConfigSerializer(help_text="The run_config prepare returned, unchanged.")
 
 
 class ThreadRefSerializer(serializers.Serializer):
@@ -444,3 +493,20 @@ class BatchResultSerializer(serializers.Serializer):
     report_status = serializers.CharField(
         allow_null=True, help_text="judged or review_failed; null without a report."
     )
+
+
+# --- Errors ----------------------------------------------------------------------------------
+
+
+class ErrorBodySerializer(serializers.Serializer):
+    code = serializers.CharField(help_text="What went wrong, for programs: `not_found`, ...")
+    message = serializers.CharField(help_text="What went wrong, for people.")
+    details = serializers.JSONField(
+        allow_null=True, help_text="More about it (the fields concerned, limits), or null."
+    )
+
+
+class ErrorSerializer(serializers.Serializer):
+    """Every error of the API, whatever its status."""
+
+    error = ErrorBodySerializer()

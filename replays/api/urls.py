@@ -1,6 +1,6 @@
-from django.urls import path
+from django.urls import path, re_path
 
-from replays.api import views
+from replays.api import errors, views
 
 urlpatterns = [
     path("threads/", views.ThreadListView.as_view(), name="api-thread-list"),
@@ -25,4 +25,6 @@ urlpatterns = [
         views.LeaderboardFiltersView.as_view(),
         name="api-leaderboard-filters",
     ),
+    # Last: any other path under /api/ is a 404 in the error shape (a newline too).
+    re_path(r"^(?P<path>[\s\S]*)\Z", errors.unknown_path, name="api-unknown-path"),
 ]

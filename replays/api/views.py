@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import Any
+
 from django.db.models import QuerySet
 from django.http import HttpResponse
 from django.shortcuts import get_object_or_404
@@ -20,6 +22,7 @@ from replays.api.serializers import (
     ApproveInputSerializer,
     BatchResultSerializer,
     BatchSerializer,
+    ErrorSerializer,
     EvaluatorSerializer,
     JudgeInputSerializer,
     LeaderboardFiltersSerializer,
@@ -34,22 +37,111 @@ from replays.api.serializers import (
     ThreadImportOutputSerializer,
     ThreadSerializer,
 )
+from replays.api.throttling import WRITE_SCOPE
 from replays.evaluation import evaluators, results
 from replays.evaluation import leaderboard as leaderboards
 from replays.evaluation import report as reports
 from replays.models import Batch, Plan, PlanStatus, Run, Thread
+
+# As on the thread list page: a longer search is cut, not refused.
+MAX_SEARCH_LENGTH = 200
+
+# --- Errors, as the schema declares them --------------------------------------------------------
+
+_AUTH_ERRORS = {
+    401: "No credentials, or a token that is not valid.",
+    403: "Not allowed (a session without its CSRF token).",
+}
+_WRITE_ERRORS = {
+    413: "The request body is larger than 2 MiB.",
+    429: "More writes than REPLAYS_API_WRITE_RATE allows: wait Retry-After seconds.",
+}
+_JSON_BODY_ERRORS = {
+    400: "Not valid: not a JSON object, an unknown field, a value out of bounds.",
+    415: "The body is not JSON.",
+}
+RETRY_AFTER = OpenApiParameter(
+    "Retry-After",
+    int,
+    location=OpenApiParameter.HEADER,
+    response=[429],
+    description="Seconds until the next write is allowed.",
+)
+
+
+def error_responses(
+    described: dict[int, str] | None = None, *, write: bool = False
+) -> dict[int, OpenApiResponse]:
+    """The errors an operation answers (every operation needs a login; a write has its
+    limits), each in the one error shape."""
+    codes = {**_AUTH_ERRORS, **(_WRITE_ERRORS if write else {}), **(described or {})}
+    return {
+        code: OpenApiResponse(ErrorSerializer, description=codes[code]) for code in sorted(codes)
+    }
+
+
+def write_schema(
+    request: Any,
+    responses: dict[int, Any],
+    errors: dict[int, str],
+    *,
+    json_body: bool = True,
+    **kwargs: Any,
+) -> Any:
+    """extend_schema for a write: its answers, its own errors, a JSON body's (400, 415) when
+    it reads one, and every write's (413, and 429 with Retry-After)."""
+    described = {**(_JSON_BODY_ERRORS if json_body else {}), **errors}
+    return extend_schema(
+        request=request,
+        parameters=[RETRY_AFTER],
+        responses={**responses, **error_responses(described, write=True)},
+        **kwargs,
+    )
+
+
+def json_object(request: Request, fields: set[str]) -> dict[str, Any]:
+    """The body: a JSON object with no other keys than `fields` (prepare refuses unknown
+    fields as well, in replays.planning)."""
+    data = request.data
+    if not isinstance(data, dict):
+        raise ApiError(code="invalid", message="The body must be a JSON object.")
+    unknown = sorted(set(data) - fields)
+    if unknown:
+        raise ApiError(
+            code="invalid",
+            message=f"Unknown fields: {', '.join(unknown)}.",
+            details={"fields": unknown},
+        )
+    return data
+
+
+# --- Threads ----------------------------------------------------------------------------------
 
 
 class ThreadListView(generics.ListAPIView):
     serializer_class = ThreadSerializer
 
     def get_queryset(self) -> QuerySet[Thread]:
-        return Thread.objects.search(self.request.query_params.get("search", ""))
+        search = self.request.query_params.get("search", "").strip()[:MAX_SEARCH_LENGTH]
+        threads = Thread.objects.visible_to(self.request.user)
+        if "\x00" in search:
+            # No stored text holds a NUL (PostgreSQL cannot even be asked about one).
+            return threads.none()
+        return threads.search(search)
 
     @extend_schema(
         parameters=[
-            OpenApiParameter("search", str, description="Text in the title, folder or a request.")
-        ]
+            OpenApiParameter(
+                "search",
+                str,
+                description="Text in the title, folder or a request (its first "
+                f"{MAX_SEARCH_LENGTH} characters).",
+            )
+        ],
+        responses={
+            200: ThreadSerializer(many=True),
+            **error_responses({404: "No such page."}),
+        },
     )
     def get(self, request: Request, *args: object, **kwargs: object) -> Response:
         return super().get(request, *args, **kwargs)
@@ -57,24 +149,37 @@ class ThreadListView(generics.ListAPIView):
 
 class ThreadDetailView(generics.RetrieveAPIView):
     serializer_class = ThreadDetailSerializer
-    queryset = Thread.objects.prefetch_related("turns")
+
+    def get_queryset(self) -> QuerySet[Thread]:
+        return Thread.objects.visible_to(self.request.user).prefetch_related("turns")
+
+    @extend_schema(
+        responses={200: ThreadDetailSerializer, **error_responses({404: "No such thread."})}
+    )
+    def get(self, request: Request, *args: object, **kwargs: object) -> Response:
+        return super().get(request, *args, **kwargs)
 
 
 class ThreadImportView(APIView):
     parser_classes = [MultiPartParser]
+    throttle_scope = WRITE_SCOPE
 
-    @extend_schema(
-        request={"multipart/form-data": ThreadImportInputSerializer},
-        responses={
+    @write_schema(
+        {"multipart/form-data": ThreadImportInputSerializer},
+        {
             201: OpenApiResponse(
                 ThreadImportOutputSerializer, description="New or changed thread."
             ),
             200: OpenApiResponse(
                 ThreadImportOutputSerializer, description="Unchanged: nothing written."
             ),
-            400: OpenApiResponse(description="Not a transcript."),
-            413: OpenApiResponse(description="Larger than the transcript limit."),
         },
+        {
+            400: "Not a transcript, or no file.",
+            413: "Larger than the transcript limit.",
+            415: "Not multipart/form-data.",
+        },
+        json_body=False,
     )
     def post(self, request: Request) -> Response:
         given = ThreadImportInputSerializer(data=request.data)
@@ -130,7 +235,16 @@ def _plan_body(plan: Plan, *, prepare_token: str | None = None) -> dict[str, obj
 
 
 class PlanCreateView(APIView):
-    @extend_schema(request=RunConfigSerializer, responses={201: PlanSerializer})
+    throttle_scope = WRITE_SCOPE
+
+    @write_schema(
+        RunConfigSerializer,
+        {201: PlanSerializer},
+        {
+            409: "Models of one thread saw different baselines or historical results.",
+            413: "The request body is larger than 2 MiB, or a request larger than 1 MiB.",
+        },
+    )
     def post(self, request: Request) -> Response:
         try:
             prepared = planning.prepare_plan(owner=request.user, raw_configuration=request.data)
@@ -143,7 +257,7 @@ class PlanCreateView(APIView):
 
 
 class PlanDetailView(APIView):
-    @extend_schema(responses={200: PlanSerializer})
+    @extend_schema(responses={200: PlanSerializer, **error_responses({404: "No such plan."})})
     def get(self, request: Request, pk: int) -> Response:
         plan = get_object_or_404(Plan.objects.visible_to(request.user), pk=pk)
         return Response(PlanSerializer(_plan_body(plan)).data)
@@ -161,14 +275,23 @@ def approval_body(result: approval.ApprovalResult) -> dict[str, object]:
 
 
 class PlanApproveView(APIView):
-    @extend_schema(
-        request=ApproveInputSerializer,
-        responses={201: ApprovalSerializer, 200: ApprovalSerializer},
+    throttle_scope = WRITE_SCOPE
+
+    @write_schema(
+        ApproveInputSerializer,
+        {201: ApprovalSerializer, 200: ApprovalSerializer},
+        {
+            400: "No approval (approved must be true), no token, or not valid.",
+            403: "An unknown token, or another plan's.",
+            404: "No such plan.",
+            409: "The configuration or its inputs changed, or the plan is not ready.",
+            410: "The prepare token expired.",
+        },
         description="First approval: 201 with the new batch. The same approval again: 200 with "
         "the same batch and idempotent=true.",
     )
     def post(self, request: Request, pk: int) -> Response:
-        data = request.data if isinstance(request.data, dict) else {}
+        data = json_object(request, {"approved", "prepare_token", "run_config"})
         try:
             result = approval.approve_plan(
                 plan_id=pk,
@@ -186,14 +309,16 @@ class PlanApproveView(APIView):
 
 
 class BatchDetailView(APIView):
-    @extend_schema(responses={200: BatchSerializer})
+    @extend_schema(responses={200: BatchSerializer, **error_responses({404: "No such batch."})})
     def get(self, request: Request, pk: int) -> Response:
         batch = get_object_or_404(Batch.objects.visible_to(request.user), pk=pk)
         return Response(BatchSerializer(batch).data)
 
 
 class BatchCancelView(APIView):
-    @extend_schema(request=None, responses={200: BatchSerializer})
+    throttle_scope = WRITE_SCOPE
+
+    @write_schema(None, {200: BatchSerializer}, {404: "No such batch."}, json_body=False)
     def post(self, request: Request, pk: int) -> Response:
         batch = get_object_or_404(Batch.objects.visible_to(request.user), pk=pk)
         batch = dispatch.cancel_batch(batch=batch)
@@ -207,7 +332,7 @@ def _visible_run(request: Request, pk: int) -> Run:
 
 
 class RunDetailView(APIView):
-    @extend_schema(responses={200: RunDetailSerializer})
+    @extend_schema(responses={200: RunDetailSerializer, **error_responses({404: "No such run."})})
     def get(self, request: Request, pk: int) -> Response:
         return Response(RunDetailSerializer(_visible_run(request, pk)).data)
 
@@ -216,7 +341,7 @@ class RunReportView(APIView):
     @extend_schema(
         responses={
             200: ReportSerializer,
-            404: OpenApiResponse(description="No such run, or no report yet."),
+            **error_responses({404: "No such run, or no report yet."}),
         },
         description="The run's current report: the latest finished judgment.",
     )
@@ -234,19 +359,22 @@ class RunReportView(APIView):
 
 
 class RunJudgeView(APIView):
-    @extend_schema(
-        request=JudgeInputSerializer,
-        responses={
-            202: ReportSerializer,
-            400: OpenApiResponse(description="No approval for a model evaluator, or bad input."),
-            409: OpenApiResponse(description="Not completed, or a judgment is in progress."),
+    throttle_scope = WRITE_SCOPE
+
+    @write_schema(
+        JudgeInputSerializer,
+        {202: ReportSerializer},
+        {
+            400: "No approval for a model evaluator, an unknown evaluator, or not valid.",
+            404: "No such run.",
+            409: "Not completed, the evaluator cannot judge here, or a judgment is in progress.",
         },
         description="Judge a completed run again (its agent does not run again) in its own "
         "process; the judging report comes back at once, the current one stays until it ends.",
     )
     def post(self, request: Request, pk: int) -> Response:
         run = _visible_run(request, pk)
-        data = request.data if isinstance(request.data, dict) else {}
+        data = json_object(request, {"approved", "evaluator"})
         evaluator = data.get("evaluator")
         if evaluator is not None and not isinstance(evaluator, str):
             raise ApiError(code="invalid", message="evaluator must be a string.")
@@ -264,7 +392,9 @@ class RunJudgeView(APIView):
 
 
 class RunCancelView(APIView):
-    @extend_schema(request=None, responses={200: RunDetailSerializer})
+    throttle_scope = WRITE_SCOPE
+
+    @write_schema(None, {200: RunDetailSerializer}, {404: "No such run."}, json_body=False)
     def post(self, request: Request, pk: int) -> Response:
         run = dispatch.cancel_run(run=_visible_run(request, pk))
         return Response(RunDetailSerializer(run).data)
@@ -275,7 +405,8 @@ class RunDiffView(APIView):
         responses={
             (200, "text/plain"): OpenApiResponse(
                 str, description="Unified diff against the baseline."
-            )
+            ),
+            **error_responses({404: "No such run."}),
         }
     )
     def get(self, request: Request, pk: int) -> HttpResponse:
@@ -286,13 +417,13 @@ class RunDiffView(APIView):
 
 
 class ModelListView(APIView):
-    @extend_schema(responses={200: ModelInfoSerializer(many=True)})
+    @extend_schema(responses={200: ModelInfoSerializer(many=True), **error_responses()})
     def get(self, request: Request) -> Response:
         return Response(ModelInfoSerializer(agents.discover_models(), many=True).data)
 
 
 class EvaluatorListView(APIView):
-    @extend_schema(responses={200: EvaluatorSerializer(many=True)})
+    @extend_schema(responses={200: EvaluatorSerializer(many=True), **error_responses()})
     def get(self, request: Request) -> Response:
         return Response(EvaluatorSerializer(evaluators.discover_evaluators(), many=True).data)
 
@@ -375,7 +506,9 @@ class LeaderboardView(ExportMixin, APIView):
         parameters=[*_FILTER_PARAMETERS, _FORMAT_PARAMETER, *_FIGURES_HEADERS],
         responses=_export_responses(
             LeaderboardRowSerializer(many=True),
-            {400: OpenApiResponse(description="A filter value that cannot be used.")},
+            error_responses(
+                {400: "A filter value that cannot be used.", 404: "An unknown format."}
+            ),
         ),
         description="Per model, over your runs (staff: everyone's), sorted by the lower bound "
         "of the rate's Wilson 95% interval. The figures are for one evaluator and one prompt "
@@ -395,7 +528,7 @@ class LeaderboardFiltersView(APIView):
         parameters=_FILTER_PARAMETERS,
         responses={
             200: LeaderboardFiltersSerializer,
-            400: OpenApiResponse(description="A filter value that cannot be used."),
+            **error_responses({400: "A filter value that cannot be used."}),
         },
         description="Which evaluator and prompt version the leaderboard's figures are for with "
         "these filters, and the values each filter can take among your runs.",
@@ -414,7 +547,7 @@ class BatchResultsView(ExportMixin, APIView):
         parameters=[_FORMAT_PARAMETER],
         responses=_export_responses(
             BatchResultSerializer(many=True),
-            {404: OpenApiResponse(description="No such batch, or not yours.")},
+            error_responses({404: "No such batch, or not yours; or an unknown format."}),
         ),
         description="One row per run of the batch, with its current report.",
     )

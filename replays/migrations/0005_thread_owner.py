@@ -39,7 +39,6 @@ class Migration(migrations.Migration):
                 to=settings.AUTH_USER_MODEL,
             ),
         ),
-        migrations.RunPython(give_ownerless_threads_an_owner, migrations.RunPython.noop),
         migrations.AddConstraint(
             model_name="thread",
             constraint=models.UniqueConstraint(
@@ -50,4 +49,8 @@ class Migration(migrations.Migration):
             model_name="thread",
             index=models.Index(fields=["owner", "-started_at"], name="thread_owner_started_idx"),
         ),
+        # Last: on PostgreSQL an ALTER TABLE after rows were updated in the same transaction
+        # fails ("pending trigger events"). The old constraint (kind, session) kept sessions
+        # unique, so giving them one owner cannot break the new one.
+        migrations.RunPython(give_ownerless_threads_an_owner, migrations.RunPython.noop),
     ]
