@@ -113,6 +113,7 @@ class TurnAdmin(admin.ModelAdmin):
         "seconds",
         "model_seconds",
         "last_answer_at",
+        "evidence",
         *TOKEN_READONLY,
     )
 

@@ -131,6 +131,7 @@ def protected_input_changes(
         "historical_result_sha256": "the historical result",
         "verify_files": "the verify command's files",
         "request_sha256": "the request text",
+        "rebuilt": "the tree rebuilt from the transcript",
     }
     for item, prepared in zip(configuration["configurations"], plan.preparations, strict=True):
         thread = threads.get(item["thread_id"])
@@ -153,7 +154,8 @@ def protected_input_changes(
         current[thread.pk] = (thread, now)
         inputs = now.protected_inputs()
         for key, label in labels.items():
-            if inputs[key] != prepared.get(key):
+            # Preparations stored before results were rebuilt have no "rebuilt": none was.
+            if inputs[key] != prepared.get(key, {} if key == "rebuilt" else None):
                 changes.append(
                     {
                         "thread_id": thread.pk,
@@ -192,6 +194,8 @@ def run_configuration(
         # What the agent knows before the request: the request alone, for now.
         "context": "cold",
         "prepared_configuration_sha256": prepared["prepared_configuration_sha256"][model],
+        # What was rebuilt from the transcript (the report says so), {} when nothing was.
+        "rebuilt": prepared.get("rebuilt") or {},
     }
 
 

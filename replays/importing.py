@@ -351,6 +351,7 @@ def _turn_row(turn: ParsedTurn, table: pricing.PriceTable) -> Turn:
         seconds=turn.seconds,
         model_seconds=turn.model_seconds,
         last_answer_at=turn.last_answer_at,
+        evidence=turn.evidence.as_json(),
     )
 
 

@@ -87,7 +87,8 @@ class OwnedQuerySet(models.QuerySet):  # type: ignore[type-arg]
 class ThreadQuerySet(OwnedQuerySet):
     def search(self, text: str) -> ThreadQuerySet:
         """Threads whose title, folder or any request contains the text (case-insensitive)."""
-        text = text.strip()
+        # NUL cannot be in stored text (PostgreSQL refuses it in a query too).
+        text = text.replace("\x00", "").strip()
         if not text:
             return self
         # Exists, not a join: a thread matching in many turns is listed once.
@@ -207,6 +208,9 @@ class Turn(TokenTotals):
     # Time the model spent answering: each response from its request to its last line.
     model_seconds = models.FloatField(null=True, blank=True)
     last_answer_at = models.DateTimeField(null=True, blank=True)
+    # What the agent's tool calls saw and changed, in order (transcripts.base.Evidence):
+    # {"items": [...], "cut"?, "recorded_commit"?}; {} for turns imported before it was kept.
+    evidence = models.JSONField(default=dict, blank=True)
 
     class Meta:
         ordering = ["thread", "index"]

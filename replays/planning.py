@@ -22,7 +22,7 @@ from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.utils import timezone
 
-from replays import access, agents, repos
+from replays import access, agents, evidence, repos
 from replays.evaluation import checks, evaluators
 from replays.importing import file_sha256
 from replays.models import (
@@ -49,6 +49,11 @@ MIN_TIMEOUT_SECONDS = 10
 MAX_ID = 2**63 - 1
 MAX_TIMEOUT_SECONDS = 24 * 60 * 60
 REQUEST_SEPARATOR = "\n\n---\n\n"
+# The answer to a baseline_commit or ending_commit question that means "rebuilt from the
+# transcript's own edits" (in a repository Replays keeps under the var folder).
+TRANSCRIPT = "transcript"
+# How many earlier requests a rebuilt starting tree may gather the edits of.
+MAX_REBUILT_REQUESTS = 50
 # Users commit an agent's work right after it finishes: commits this soon after the
 # thread's end still count as its result.
 ENDING_GRACE = timedelta(minutes=10)
@@ -117,9 +122,13 @@ class ThreadPreparation:
     prepared_configuration_sha256: dict[str, str] = field(default_factory=dict)
     blockers: list[str] = field(default_factory=list)
     questions: list[dict[str, Any]] = field(default_factory=list)
+    # What was rebuilt from the transcript: {"baseline"?: {...}, "ending"?: {...}}, each
+    # evidence.Rebuilt.as_dict() (commit, base, repository, files, edits, unsure).
+    rebuilt: dict[str, Any] = field(default_factory=dict)
 
     def protected_inputs(self) -> dict[str, Any]:
         return {
+            "rebuilt": self.rebuilt,
             "repository": self.repository,
             "baseline_commit": self.baseline_commit,
             "ending_commit": self.ending_commit,
@@ -147,6 +156,7 @@ class ThreadPreparation:
             "request_sha256": self.request_sha256,
             "start_message_uuid": self.start_message_uuid,
             "end_message_uuid": self.end_message_uuid,
+            "rebuilt": self.rebuilt,
             "blockers": self.blockers,
             "questions": self.questions,
         }
@@ -193,8 +203,7 @@ def _path_string(item: dict[str, Any], key: str, *, where: str) -> str | None:
         len(part.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES for part in Path(value).parts
     ):
         raise PlanInputError(
-            f"{where}: {key} has a name longer than {MAX_NAME_BYTES} bytes: no folder is "
-            "named so.",
+            f"{where}: {key} has a name longer than {MAX_NAME_BYTES} bytes: no folder is named so.",
             details={"field": key},
         )
     return value
@@ -202,6 +211,8 @@ def _path_string(item: dict[str, Any], key: str, *, where: str) -> str | None:
 
 def _commit_string(item: dict[str, Any], key: str, *, where: str) -> str | None:
     value = _optional_string(item, key, max_length=64, where=where)
+    if value is not None and value.lower() == TRANSCRIPT:
+        return TRANSCRIPT
     if value is not None and not all(ch in "0123456789abcdefABCDEF" for ch in value):
         raise PlanInputError(
             f"{where}: {key} must be a commit id (hexadecimal).", details={"field": key}
@@ -367,7 +378,11 @@ def _normalise_thread_item(item: Any, index: int) -> dict[str, Any]:
     if unknown:
         raise PlanInputError(f"{where}: unknown fields {', '.join(sorted(unknown))}.")
     thread_id = item.get("thread_id")
-    if isinstance(thread_id, bool) or not isinstance(thread_id, int) or not 1 <= thread_id <= MAX_ID:
+    if (
+        isinstance(thread_id, bool)
+        or not isinstance(thread_id, int)
+        or not 1 <= thread_id <= MAX_ID
+    ):
         raise PlanInputError(
             f"{where}: thread_id must be a thread's id.", details={"field": "thread_id"}
         )
@@ -537,33 +552,45 @@ def resolve_thread(
         return prep
     prep.repository = str(repository)
 
-    # Codex records the commit its session started from; it is the baseline of the first request only.
-    recorded = (
-        thread.git_commit
-        if thread.source_kind == SourceKind.CODEX and selected[0].index == 0
-        else ""
-    )
+    # Codex records the commit its session started from (the baseline of the first request;
+    # a later record, when a release writes one, that of its turn).
+    recorded = ""
+    if thread.source_kind == SourceKind.CODEX:
+        later = _evidence_of(selected[0]).get("recorded_commit", "")
+        recorded = thread.git_commit if selected[0].index == 0 else str(later)
+    found = TranscriptEvidence(thread, repository, selected, following)
     baseline = _decide_commit(
         prep, thread, repository, given=item["baseline_commit"], field="baseline_commit",
         resolve=lambda: repos.resolve_baseline(
             repository, branch=thread.git_branch, before=selected[0].timestamp,
-            recorded_commit=recorded,
+            recorded_commit=recorded, check=found.starting_check(),
         ),
+        rebuild=found.rebuild_start,
     )  # fmt: skip
     if baseline is None:
         return prep
     prep.baseline_commit = baseline
+    # A rebuilt start is not in the user's repository: its ending is looked for from the
+    # commit it was rebuilt on.
+    anchor = found.rebuilt["baseline"].base if "baseline" in found.rebuilt else baseline
     ending = _decide_commit(
         prep, thread, repository, given=item["ending_commit"], field="ending_commit",
         resolve=lambda: repos.resolve_ending(
-            repository, branch=thread.git_branch, baseline=baseline,
+            repository, branch=thread.git_branch, baseline=anchor,
             before=following.timestamp if following else _next_session_start(thread),
             thread_ended_at=thread.ended_at, grace=ENDING_GRACE,
+            check=found.result_check(), following_check=found.following_check(),
         ),
+        rebuild=lambda resolution: found.rebuild_ending(baseline, resolution),
     )  # fmt: skip
     if ending is None:
         return prep
     prep.ending_commit = ending
+    prep.rebuilt = {side: done.as_dict() for side, done in found.rebuilt.items()}
+    if prep.rebuilt:
+        # Runs check out from the repository that holds the rebuilt commits.
+        repository = found.rebuilt_repository()
+        prep.repository = str(repository)
     try:
         prep.historical_result_sha256 = repos.sha256_text(
             repos.historical_diff(repository, baseline, ending)
@@ -582,9 +609,23 @@ def _decide_commit(
     given: str | None,
     field: str,
     resolve: Callable[[], repos.Resolution],
+    rebuild: Callable[[repos.Resolution | None], Rebuilding] | None = None,
 ) -> str | None:
     """The commit the user gave (which must exist), or the one git resolves; None after
-    adding the blocker or question that stops this thread."""
+    adding the blocker or question that stops this thread.
+
+    `rebuild` makes the tree from the transcript's edits: for the answer `transcript`, and
+    when the evidence says no commit is the tree asked for (then its commit is used, or
+    offered as the choice `transcript` when it is not certain, or the question says why it
+    cannot be rebuilt)."""
+    if given == TRANSCRIPT:
+        outcome = rebuild(None) if rebuild is not None else Rebuilding(note="")
+        if outcome.commit is None:
+            prep.blockers.append(
+                f"{field} {TRANSCRIPT}: the tree cannot be rebuilt from the transcript"
+                f"{': ' + outcome.note if outcome.note else '.'}"
+            )
+        return outcome.commit
     if given:
         commit = repos.resolve_commit(repository, given)
         if commit is None:
@@ -593,9 +634,196 @@ def _decide_commit(
     resolution = resolve()
     if resolution.blocker:
         prep.blockers.append(resolution.blocker)
-    elif resolution.question:
-        prep.questions.append(_question(resolution.question, thread))
-    return resolution.commit if not (resolution.blocker or resolution.question) else None
+        return None
+    if resolution.question is None:
+        return resolution.commit
+    question = _question(resolution.question, thread)
+    if resolution.uncommitted and rebuild is not None:
+        outcome = rebuild(resolution)
+        if outcome.commit is not None and outcome.automatic:
+            return outcome.commit
+        if outcome.choice is not None:
+            question["choices"].insert(0, outcome.choice)
+        if outcome.note:
+            question["message"] += f" {outcome.note}"
+    prep.questions.append(question)
+    return None
+
+
+# --- Evidence and results rebuilt from the transcript ----------------------------------
+
+
+@dataclass
+class Rebuilding:
+    """What rebuilding a tree from the transcript gave."""
+
+    commit: str | None = None  # the rebuilt commit
+    automatic: bool = False  # certain enough to be used without asking
+    choice: dict[str, Any] | None = None  # the `transcript` choice to offer
+    note: str = ""  # said in the question: what it would be, or why it cannot be
+
+
+def _evidence_of(turn: Turn) -> dict[str, Any]:
+    return turn.evidence if isinstance(turn.evidence, dict) else {}
+
+
+def _items(turn: Turn) -> list[dict[str, Any]]:
+    items = _evidence_of(turn).get("items")
+    return [item for item in items if isinstance(item, dict)] if isinstance(items, list) else []
+
+
+class TranscriptEvidence:
+    """One thread's evidence for one range: the checks that pick its baseline and ending
+    among candidate commits, and the trees rebuilt from its edits (replays/evidence.py)."""
+
+    def __init__(
+        self, thread: Thread, repository: Path, selected: list[Turn], following: Turn | None
+    ) -> None:
+        self.thread = thread
+        self.repository = repository
+        self.selected = selected
+        self.following = following
+        self.paths = evidence.PathMap.for_thread(thread.cwd, repository)
+        self.rebuilt: dict[str, evidence.Rebuilt] = {}
+
+    def starting_check(self) -> repos.EvidenceCheck | None:
+        facts = evidence.starting_facts(_items(self.selected[0]), self.paths)
+        return evidence.checker(self.repository, facts)
+
+    def result_check(self) -> repos.EvidenceCheck | None:
+        items = [item for turn in self.selected for item in _items(turn)]
+        return evidence.checker(self.repository, evidence.result_facts(items, self.paths))
+
+    def following_check(self) -> repos.EvidenceCheck | None:
+        if self.following is None:
+            return None
+        facts = evidence.starting_facts(_items(self.following), self.paths)
+        return evidence.checker(self.repository, facts)
+
+    def rebuilt_repository(self) -> Path:
+        return next(iter(self.rebuilt.values())).repository
+
+    def _steps(self, turns: list[Turn]) -> list[tuple[int, dict[str, Any]]]:
+        return [(turn.index + 1, item) for turn in turns for item in _items(turn)]
+
+    def _rebuild(self, what: str, base: str, turns: list[Turn]) -> evidence.Rebuilt:
+        cut = [turn.index + 1 for turn in turns if _evidence_of(turn).get("cut")]
+        if cut:
+            raise evidence.CannotRebuild(
+                f"the transcript's record of request #{cut[0]} was cut (too large to keep)"
+            )
+        last = turns[-1]
+        message = (
+            f"Replays: {what} rebuilt from the transcript\n\n"
+            f"{self.thread.get_source_kind_display()} session {self.thread.session_id}, "
+            f"{_requests(turns)}: the file edits applied to {base[:12]}.\n"
+        )
+        return evidence.rebuild(
+            source=self.repository,
+            root=Path(settings.REPLAYS_VAR_DIR) / "rebuilt",
+            base=base,
+            steps=self._steps(turns),
+            paths=self.paths,
+            message=message,
+            when=last.last_answer_at or last.timestamp,
+        )
+
+    def rebuild_ending(self, baseline: str, resolution: repos.Resolution | None) -> Rebuilding:
+        """The range's result: its edits applied to the baseline. Used as the ending when
+        every edit applied exactly and no command may have changed files besides."""
+        if not _has_edits(self._steps(self.selected)):
+            # Nothing to rebuild from: a question stands as it is.
+            return Rebuilding(note="the requests made no file edits" if resolution is None else "")
+        try:
+            done = self._rebuild("the result", baseline, self.selected)
+        except evidence.CannotRebuild as exc:
+            return Rebuilding(note=f"It cannot be rebuilt from the transcript's edits: {exc}.")
+        if resolution is None or not done.unsure:
+            self.rebuilt["ending"] = done
+            return Rebuilding(commit=done.commit, automatic=True)
+        self.rebuilt.pop("ending", None)
+        return Rebuilding(
+            choice=_transcript_choice(done),
+            note=(
+                f"Answer {TRANSCRIPT} to use the agent's edits applied to the baseline "
+                f"({_changes(done)}); commands may have changed files too: "
+                f"{'; '.join(done.unsure[:3])}."
+            ),
+        )
+
+    def rebuild_start(self, resolution: repos.Resolution | None) -> Rebuilding:
+        """The tree the range started from, when the thread's earlier requests left their
+        edits uncommitted: a candidate commit with the edits of the requests since it applied
+        (the earliest of them is the last one whose own evidence the commit supports), which
+        the range's evidence must then support. Offered, never taken without asking."""
+        asked = resolution is None
+        if resolution is None:
+            resolution = repos.resolve_baseline(
+                self.repository, branch=self.thread.git_branch, before=self.selected[0].timestamp
+            )
+        candidates = [resolution.commit] if resolution.commit else []
+        if resolution.question is not None:
+            candidates += [choice.sha for choice in resolution.question.choices]
+        first_index = self.selected[0].index
+        earlier = list(
+            self.thread.turns.filter(
+                index__lt=first_index, index__gte=first_index - MAX_REBUILT_REQUESTS
+            ).order_by("index")
+        )
+        facts = evidence.starting_facts(_items(self.selected[0]), self.paths)
+        reason = "the session made no file edits before these requests"
+        for candidate in dict.fromkeys(candidates):
+            for first in range(len(earlier) - 1, -1, -1):
+                since = earlier[first:]
+                if not _has_edits(self._steps(since)):
+                    continue
+                started = evidence.starting_facts(_items(earlier[first]), self.paths)
+                if evidence.support(self.repository, candidate, started).failed:
+                    continue  # that request did not start from this commit: look further back
+                try:
+                    done = self._rebuild("the starting tree", candidate, since)
+                except evidence.CannotRebuild as exc:
+                    reason = str(exc)
+                    break
+                if evidence.support(done.repository, done.commit, facts).failed:
+                    reason = "the earlier requests' edits do not give the files the agent saw"
+                    break
+                if asked:  # the answer `transcript`: this is the baseline
+                    self.rebuilt["baseline"] = done
+                unsure = f"; commands may have changed files too: {'; '.join(done.unsure[:3])}"
+                return Rebuilding(
+                    commit=done.commit,
+                    choice=_transcript_choice(done),
+                    note=(
+                        f"Answer {TRANSCRIPT} to start from {candidate[:12]} with the edits of "
+                        f"{_requests(since)} applied ({_changes(done)}){unsure if done.unsure else ''}."
+                    ),
+                )
+        return Rebuilding(note=f"It cannot be rebuilt from the transcript: {reason}.")
+
+
+def _requests(turns: list[Turn]) -> str:
+    if len(turns) == 1:
+        return f"request #{turns[0].index + 1}"
+    return f"requests #{turns[0].index + 1}-#{turns[-1].index + 1}"
+
+
+def _has_edits(steps: list[tuple[int, dict[str, Any]]]) -> bool:
+    return any(item.get("kind") in ("edit", "write", "patch") for _, item in steps)
+
+
+def _changes(done: evidence.Rebuilt) -> str:
+    files = ", ".join(done.files[:3]) + (
+        f" and {len(done.files) - 3} more" if len(done.files) > 3 else ""
+    )
+    return f"{done.edits} edit{'s' if done.edits != 1 else ''} of {files or 'no file'}"
+
+
+def _transcript_choice(done: evidence.Rebuilt) -> dict[str, Any]:
+    return {
+        "commit": TRANSCRIPT,
+        "subject": f"rebuilt from the transcript: {_changes(done)}, on {done.base[:12]}",
+    }
 
 
 def known_clones(*, owner: AbstractBaseUser, thread: Thread) -> list[dict[str, str]]:

@@ -21,12 +21,14 @@ fallback should never be needed for diffs made here.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import math
 import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -102,6 +104,25 @@ class Resolution:
     commit: str | None  # full sha when decided
     question: Question | None = None
     blocker: str | None = None  # cannot proceed at all (readable reason)
+    # The transcript's evidence says no candidate commit is the tree asked for: the session
+    # started from uncommitted changes (baseline), or its work was never committed (ending).
+    uncommitted: bool = False
+
+
+@dataclass(frozen=True)
+class Support:
+    """What a transcript's evidence says of one candidate commit (replays/evidence.py)."""
+
+    held: int = 0  # facts that hold there
+    failed: tuple[str, ...] = ()  # the facts that do not, in words
+
+    @property
+    def informative(self) -> bool:
+        return bool(self.held or self.failed)
+
+
+# Checks a candidate commit against the evidence; None when there is no evidence.
+EvidenceCheck = Callable[[str], Support]
 
 
 # --- running git -------------------------------------------------------------
@@ -265,9 +286,12 @@ def _format_time(moment: datetime) -> str:
 
 def find_repository(path: Path) -> Path | None:
     """Toplevel of the git work tree containing path (None if not a repo / path missing)."""
-    if not path.exists():
+    try:
+        if not path.exists():
+            return None
+        folder = path if path.is_dir() else path.parent
+    except OSError:  # a name too long for the file system, say: no repository there
         return None
-    folder = path if path.is_dir() else path.parent
     result = _run_git(folder, ["rev-parse", "--show-toplevel"], ok_codes=(0, 128))
     if result.returncode != 0:
         return None
@@ -330,23 +354,83 @@ def commit_info(repo: Path, ref: str) -> Commit | None:
     return _log(repo, ["-1", sha, "--"])[0]
 
 
-def _last_commit_before(repo: Path, ref: str, before: datetime) -> Commit | None:
-    """The newest commit reachable from ref whose committer date is strictly before `before`.
+def _commits_around(repo: Path, ref: str, moment: datetime) -> tuple[Commit | None, list[Commit]]:
+    """(The newest commit on ref surely made before `moment`, the commits made within the
+    second before it), the latter newest first.
 
-    git's --before compares whole seconds and keeps a commit made at exactly
-    that second, so a commit one second after a request at hh:mm:ss.000 would
-    slip in. Every commit with committer second ct < t satisfies
-    ct <= ceil(t) - 1, so asking git for that bound is exact; the result is
-    checked again here anyway.
+    A committer date is whole seconds: a commit dated second s was made in [s, s + 1). It
+    is surely before `moment` when s + 1 <= moment, surely not when s >= moment; in between
+    (the same second as the request, which came later in it) the clock cannot tell, and the
+    commit is ambiguous: agents and scripts commit within a second of a request.
     """
-    moment = _aware(before).timestamp()
-    bound = math.ceil(moment) - 1
-    # --date-order never shows a parent before its children, so the first
-    # commit listed is the newest one that passes the filter.
-    for commit in _log(repo, ["--date-order", f"--before=@{bound}", "-n", "20", ref, "--"]):
-        if commit.committed_at.timestamp() < moment:
-            return commit
-    return None
+    instant = _aware(moment).timestamp()
+    bound = math.ceil(instant) - 1  # every commit with s < moment has s <= bound
+    commits = _log(
+        repo, ["--date-order", f"--before=@{bound}", "-n", str(4 * MAX_CHOICES), ref, "--"]
+    )
+    window: list[Commit] = []
+    for commit in commits:
+        second = commit.committed_at.timestamp()
+        if second >= instant:
+            continue
+        if second + 1 > instant:
+            window.append(commit)
+        else:
+            return commit, window[:MAX_CHOICES]
+    return None, window[:MAX_CHOICES]
+
+
+def _distinct(*groups: list[Commit]) -> list[Commit]:
+    """The commits of all groups once each, newest first."""
+    seen: dict[str, Commit] = {}
+    for group in groups:
+        for commit in group:
+            seen.setdefault(commit.sha, commit)
+    return sorted(seen.values(), key=lambda c: c.committed_at, reverse=True)
+
+
+def _consistent(
+    commits: list[Commit], check: EvidenceCheck | None
+) -> tuple[list[Commit], dict[str, Support]]:
+    """The commits the evidence does not contradict, and what it says of each; all of them
+    (and no verdicts) when it says nothing about any."""
+    if check is None or not commits:
+        return commits, {}
+    supports = {commit.sha: check(commit.sha) for commit in commits}
+    if not any(support.informative for support in supports.values()):
+        return commits, {}
+    return [c for c in commits if not supports[c.sha].failed], supports
+
+
+def _failures(supports: dict[str, Support], limit: int = 3) -> str:
+    """The evidence's objections, each said once, for a question."""
+    said: list[str] = []
+    for support in supports.values():
+        for failure in support.failed:
+            if failure not in said:
+                said.append(failure)
+    text = "; ".join(said[:limit])
+    return text + ("; …" if len(said) > limit else "")
+
+
+def _listing(commits: list[Commit]) -> str:
+    return ", ".join(c.describe() for c in commits)
+
+
+def _same_second(commits: list[Commit], moment: str) -> str:
+    verb = "was" if len(commits) == 1 else "were"
+    return (
+        f"{_listing(commits)} {verb} committed in the same second as {moment}, so the clock "
+        "cannot tell whether before or after it, and the transcript holds no evidence that "
+        "decides."
+    )
+
+
+def _undecided(commits: list[Commit], moment: str) -> str:
+    return (
+        f"The transcript's evidence holds at {len(commits)} commits before {moment} "
+        f"({_listing(commits)}) and cannot tell them apart."
+    )
 
 
 def _first_commits_after(repo: Path, refs: list[str], after: datetime) -> list[Commit]:
@@ -455,19 +539,39 @@ def _candidates(refs: list[str], pick: dict[str, Commit | None]) -> tuple[list[C
 
 
 def resolve_baseline(
-    repo: Path, *, branch: str, before: datetime, recorded_commit: str = ""
+    repo: Path,
+    *,
+    branch: str,
+    before: datetime,
+    recorded_commit: str = "",
+    check: EvidenceCheck | None = None,
 ) -> Resolution:
     """The commit the historical session started from.
 
-    Codex records it (recorded_commit); for Claude Code it is the last commit
-    on the branch whose committer date is strictly before the first request.
+    Codex records it (recorded_commit), and the record wins. Otherwise it is the last
+    commit on the branch made before the first request; a commit made within the second
+    before the request may have come after it (see _commits_around), and so may commits
+    of other branches when the session's branch is unknown: then `check` (the transcript's
+    evidence: the files the agent saw before it changed them must be in the tree) picks the
+    one it supports, and the user is asked, with every plausible commit, only when it
+    cannot. When the evidence contradicts every candidate (the recorded one too), the
+    session started from uncommitted changes: that is a question as well.
     """
+    when = _format_time(before)
     recorded_commit = recorded_commit.strip()
     if recorded_commit:
         sha = resolve_commit(repo, recorded_commit)
         if sha is None:
             return Resolution(
                 None, blocker=f"commit {recorded_commit} recorded by the session is not in {repo}"
+            )
+        support = check(sha) if check is not None else Support()
+        if support.failed:
+            recorded = commit_info(repo, sha)
+            return _uncommitted_start(
+                f"The session recorded it started from {sha[:12]}, but ",
+                {sha: support},
+                [recorded] if recorded else [],
             )
         return Resolution(sha)
 
@@ -477,42 +581,76 @@ def resolve_baseline(
             return Resolution(None, blocker=f"The repository {repo} has no commits")
         # Only a detached HEAD, no branch at all: search from HEAD.
         branches = _Branches(["HEAD"], False, "HEAD")
-    when = _format_time(before)
-    pick = {ref: _last_commit_before(repo, ref, before) for ref in branches.refs}
-    found, listing = _candidates(branches.refs, pick)
+    around = {ref: _commits_around(repo, ref, before) for ref in branches.refs}
+    found, listing = _candidates(branches.refs, {ref: sure for ref, (sure, _) in around.items()})
+    window = _distinct(*(late for _, late in around.values()))
+    candidates = _distinct(window, found)
     note = _missing_branch_note(branch, branches)
+    if not candidates:
+        after = _first_commits_after(repo, branches.refs, before)
+        return _ask(
+            "baseline_commit",
+            (
+                f"{note}No commit on {branches.label} before the request at {when}. "
+                "Which commit did the session start from?"
+                + (" The first commits after it are: " + _listing(after) + "." if after else "")
+            ),
+            after,
+        )
+    consistent, supports = _consistent(candidates, check)
+    if supports:
+        if len(consistent) == 1:
+            return Resolution(consistent[0].sha)
+        if not consistent:
+            return _uncommitted_start("", supports, candidates)
+        return _ask(
+            "baseline_commit",
+            f"{note}{_undecided(consistent, f'the request at {when}')} Which one did the "
+            "session start from?",
+            consistent,
+        )
+    if window:
+        return _ask(
+            "baseline_commit",
+            f"{note}{_same_second(window, f'the request at {when}')} Which commit did the "
+            "session start from?",
+            candidates,
+        )
     if len(found) == 1:
         return Resolution(found[0].sha)
-    if not found:
-        after = _first_commits_after(repo, branches.refs, before)
-        return Resolution(
-            None,
-            question=Question(
-                field="baseline_commit",
-                message=(
-                    f"{note}No commit on {branches.label} before the request at {when}. "
-                    "Which commit did the session start from?"
-                    + (
-                        " The first commits after it are: "
-                        + ", ".join(c.describe() for c in after)
-                        + "."
-                        if after
-                        else ""
-                    )
-                ),
-                choices=after,
-            ),
-        )
+    return _ask(
+        "baseline_commit",
+        (
+            f"{note}The last commit before the request at {when} differs between "
+            f"{branches.label}: {listing}. Which one did the session start from?"
+        ),
+        found,
+    )
+
+
+def _ask(
+    field: str, message: str, choices: list[Commit], *, uncommitted: bool = False
+) -> Resolution:
+    """Prepare cannot decide: the question that asks the user."""
     return Resolution(
         None,
-        question=Question(
-            field="baseline_commit",
-            message=(
-                f"{note}The last commit before the request at {when} differs between "
-                f"{branches.label}: {listing}. Which one did the session start from?"
-            ),
-            choices=found,
+        question=Question(field=field, message=message, choices=choices),
+        uncommitted=uncommitted,
+    )
+
+
+def _uncommitted_start(
+    lead: str, supports: dict[str, Support], choices: list[Commit]
+) -> Resolution:
+    return _ask(
+        "baseline_commit",
+        (
+            f"{lead}{'t' if lead else 'T'}he files the agent saw before changing them are "
+            f"in no candidate commit ({_failures(supports)}): the request started from "
+            "uncommitted changes. Which commit should the replay start from?"
         ),
+        choices,
+        uncommitted=True,
     )
 
 
@@ -524,6 +662,8 @@ def resolve_ending(
     before: datetime | None,
     thread_ended_at: datetime | None,
     grace: timedelta = timedelta(minutes=10),
+    check: EvidenceCheck | None = None,
+    following_check: EvidenceCheck | None = None,
 ) -> Resolution:
     """The commit holding the historical result of the range.
 
@@ -532,6 +672,12 @@ def resolve_ending(
     thread ended plus `grace` (users commit the agent's work right after it
     finishes), or the branch tip when the end is unknown. It must be the
     baseline's descendant, and a different commit, or the user is asked.
+
+    A commit made within the second before the cutoff may have come after it: `check`
+    (the range's evidence: what the agent's last edits put in the files) and then
+    `following_check` (the next request's evidence: what the agent saw next) pick among
+    the plausible commits, and the user is asked only when they cannot. When the evidence
+    says no commit holds the agent's work, the Resolution is `uncommitted`.
     """
     base = resolve_commit(repo, baseline)
     if base is None:
@@ -554,66 +700,97 @@ def resolve_ending(
         branches = _Branches(["HEAD"], False, "HEAD")
     note = _missing_branch_note(branch, branches)
     pick: dict[str, Commit | None] = {}
+    window: list[Commit] = []
     for ref in branches.refs:
-        pick[ref] = (
-            _last_commit_before(repo, ref, cutoff) if cutoff is not None else commit_info(repo, ref)
-        )
+        if cutoff is None:
+            pick[ref] = commit_info(repo, ref)
+            continue
+        pick[ref], late = _commits_around(repo, ref, cutoff)
+        window = _distinct(window, late)
     found, listing = _candidates(branches.refs, pick)
     later = _descendants(repo, base, branches.refs)
+    plausible = [
+        c for c in _distinct(window, found) if c.sha != base and is_ancestor(repo, base, c.sha)
+    ]
+    base_commit = commit_info(repo, base)
+    holding, supports = _consistent([*plausible, *([base_commit] if base_commit else [])], check)
+    holding = [c for c in holding if c.sha != base]
+    if supports and not holding:
+        return _ask(
+            "ending_commit",
+            (
+                f"{note}No commit from {short} to {until} holds the agent's work "
+                f"({_failures({c: s for c, s in supports.items() if s.failed})}): it was "
+                "left uncommitted. Which commit holds the result of the requests?"
+            ),
+            later,
+            uncommitted=True,
+        )
+    decided = bool(supports)
+    if len(holding) > 1 and following_check is not None:
+        # Commits made after the next request hold this range's work too, but not the
+        # tree the next request's agent saw.
+        narrowed, following = _consistent(holding, following_check)
+        if following and narrowed:
+            holding, decided = narrowed, True
+    if decided:
+        if len(holding) == 1:
+            return Resolution(holding[0].sha)
+        return _ask(
+            "ending_commit",
+            f"{note}{_undecided(holding, until)} Which one holds the result of the requests?",
+            holding,
+        )
+    late = [c for c in window if c in plausible]
+    if late:
+        return _ask(
+            "ending_commit",
+            f"{note}{_same_second(late, until)} Which commit holds the result of the requests?",
+            _distinct(plausible, later)[:MAX_CHOICES],
+        )
 
     if not found:
-        return Resolution(
-            None,
-            question=Question(
-                field="ending_commit",
-                message=(
-                    f"{note}No commit on {branches.label} before {until}. "
-                    "Which commit holds the result of the requests?"
-                ),
-                choices=later,
+        return _ask(
+            "ending_commit",
+            (
+                f"{note}No commit on {branches.label} before {until}. "
+                "Which commit holds the result of the requests?"
             ),
+            later,
         )
     # Descendants of the baseline are the only plausible endings; when several
     # branches disagree but exactly one candidate descends from it, keep asking:
     # the session's branch is unknown.
     if len(found) > 1:
-        return Resolution(
-            None,
-            question=Question(
-                field="ending_commit",
-                message=(
-                    f"{note}The last commit before {until} differs between {branches.label}: "
-                    f"{listing}. Which one holds the result of the requests?"
-                ),
-                choices=found,
+        return _ask(
+            "ending_commit",
+            (
+                f"{note}The last commit before {until} differs between {branches.label}: "
+                f"{listing}. Which one holds the result of the requests?"
             ),
+            found,
         )
     ending = found[0]
     if ending.sha == base:
-        return Resolution(
-            None,
-            question=Question(
-                field="ending_commit",
-                message=(
-                    f"{note}No commit was made between {short} and {until}: was the work "
-                    "left uncommitted? Which commit holds the result (it may equal the baseline "
-                    "if the request changed nothing)?"
-                ),
-                choices=later,
+        return _ask(
+            "ending_commit",
+            (
+                f"{note}No commit was made between {short} and {until}: was the work "
+                "left uncommitted? Which commit holds the result (it may equal the baseline "
+                "if the request changed nothing)?"
             ),
+            later,
+            uncommitted=True,
         )
     if not is_ancestor(repo, base, ending.sha):
-        return Resolution(
-            None,
-            question=Question(
-                field="ending_commit",
-                message=(
-                    f"{note}The last commit before {until} on {branches.label} is "
-                    f"{ending.describe()}, which does not descend from the baseline {short}. "
-                    "Which commit holds the result of the requests?"
-                ),
-                choices=later,
+        return _ask(
+            "ending_commit",
+            (
+                f"{note}The last commit before {until} on {branches.label} is "
+                f"{ending.describe()}, which does not descend from the baseline {short}. "
+                "Which commit holds the result of the requests?"
             ),
+            later,
         )
     return Resolution(ending.sha)
 
@@ -972,3 +1149,136 @@ def file_at(repo: Path, commit: str, path: str) -> bytes | None:
     if entry is None or entry.kind != "blob":
         return None
     return _run_git(repo, ["cat-file", "blob", entry.oid], timeout=SLOW_GIT_TIMEOUT_SECONDS).stdout
+
+
+def files_at(repo: Path, commit: str, paths: list[str]) -> dict[str, bytes | None]:
+    """The content of each path in `commit` (None: no such file), read in one git process.
+
+    A folder, a submodule or a path git cannot name on one line is None.
+    """
+    _refuse_option(commit, "commit")
+    wanted = [path for path in dict.fromkeys(paths) if path and "\n" not in path]
+    found: dict[str, bytes | None] = dict.fromkeys(paths)
+    if not wanted:
+        return found
+    request = "".join(f"{commit}:{path}\n" for path in wanted).encode("utf-8", "surrogateescape")
+    out = _run_git(
+        repo, ["cat-file", "--batch"], input_bytes=request, timeout=SLOW_GIT_TIMEOUT_SECONDS
+    ).stdout
+    position = 0
+    for path in wanted:
+        end = out.index(b"\n", position)
+        header = out[position:end].split(b" ")
+        position = end + 1
+        if len(header) != 3 or not header[2].isdigit():
+            continue  # "<name> missing" (or ambiguous): not in the commit
+        size = int(header[2])
+        body = out[position : position + size]
+        position += size + 1  # the content, then a newline
+        if header[1] == b"blob":
+            found[path] = body
+    return found
+
+
+# --- repositories Replays owns (results rebuilt from transcripts) ------------------------
+
+REBUILT_REF_PREFIX = "refs/replays/rebuilt/"
+REBUILT_IDENTITY = {"name": "Replays", "email": "replays@rebuilt.invalid"}
+
+
+def rebuilt_repository(source: Path, root: Path) -> Path:
+    """The repository Replays keeps under `root` for commits rebuilt from the transcripts of
+    threads in `source` (one per source repository), made on first use.
+
+    A bare repository whose object store borrows the source's (`objects/info/alternates`):
+    it sees every commit of the source, and what is written into it never reaches the
+    source, which is only read.
+    """
+    top = source.resolve()
+    common = _run_git(top, ["rev-parse", "--path-format=absolute", "--git-common-dir"])
+    objects = Path(os.fsdecode(common.stdout.strip())) / "objects"
+    digest = hashlib.sha256(os.fsencode(top)).hexdigest()[:16]
+    name = "".join(ch if ch.isalnum() or ch in "-_." else "-" for ch in top.name)[:60]
+    repository = root / f"{name or 'repository'}-{digest}.git"
+    root.mkdir(parents=True, exist_ok=True)
+    with (root / ".lock").open("a") as lock:
+        # Two prepares at once make it once.
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        alternates = repository / "objects" / "info" / "alternates"
+        if not alternates.is_file():
+            _run_git(root, ["init", "-q", "--bare", "--", str(repository)])
+            for key, value in (("gc.auto", "0"), ("core.hooksPath", os.devnull)):
+                _run_git(repository, ["config", key, value])
+            alternates.parent.mkdir(parents=True, exist_ok=True)
+            alternates.write_text(f"{objects}\n", encoding="utf-8")
+    return repository
+
+
+def commit_files(
+    repo: Path,
+    *,
+    base: str,
+    files: dict[str, bytes | None],
+    message: str,
+    when: datetime,
+) -> str:
+    """A commit on `base` whose tree is base's with `files` changed (None: deleted), written
+    into `repo` with git's plumbing (a private index, no worktree), and kept by a ref.
+
+    Deterministic: the same base, files, message and time give the same commit id
+    (a fixed identity, the time in whole seconds, no configuration but the repository's).
+    A path that is a symbolic link or a submodule in base is refused (GitError).
+    """
+    _refuse_option(base, "commit")
+    seconds = int(_aware(when).timestamp())
+    env = {
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "GIT_CONFIG_GLOBAL": os.devnull,
+        "GIT_AUTHOR_NAME": REBUILT_IDENTITY["name"],
+        "GIT_AUTHOR_EMAIL": REBUILT_IDENTITY["email"],
+        "GIT_COMMITTER_NAME": REBUILT_IDENTITY["name"],
+        "GIT_COMMITTER_EMAIL": REBUILT_IDENTITY["email"],
+        "GIT_AUTHOR_DATE": f"@{seconds} +0000",
+        "GIT_COMMITTER_DATE": f"@{seconds} +0000",
+        "GIT_LITERAL_PATHSPECS": "1",
+    }
+    with tempfile.TemporaryDirectory(prefix="replays-index-") as folder:
+        env["GIT_INDEX_FILE"] = str(Path(folder) / "index")
+        _run_git(repo, ["read-tree", base], env=env, timeout=SLOW_GIT_TIMEOUT_SECONDS)
+        for path, content in sorted(files.items()):
+            if not path or path.startswith("/") or "\n" in path:
+                raise GitError(f"path {path!r} cannot be committed")
+            entry = tree_entry(repo, base, path)
+            if entry is not None and (entry.kind != "blob" or entry.mode == 0o120000):
+                kind = "a symbolic link" if entry.mode == 0o120000 else "not a file"
+                raise GitError(f"{path} is {kind} in {base[:12]}")
+            if content is None:
+                _run_git(repo, ["update-index", "--force-remove", "--", path], env=env)
+                continue
+            oid = (
+                _run_git(
+                    repo,
+                    ["hash-object", "-w", "--no-filters", "--stdin"],
+                    input_bytes=content,
+                    env=env,
+                )
+                .stdout.decode("ascii")
+                .strip()
+            )
+            mode = f"{entry.mode:o}" if entry is not None else "100644"
+            _run_git(
+                repo, ["update-index", "--add", "--cacheinfo", f"{mode},{oid},{path}"], env=env
+            )
+        tree = _run_git(repo, ["write-tree"], env=env).stdout.decode("ascii").strip()
+    commit = (
+        _run_git(
+            repo,
+            ["-c", "commit.gpgSign=false", "commit-tree", tree, "-p", base, "-F", "-"],
+            input_bytes=message.encode("utf-8"),
+            env=env,
+        )
+        .stdout.decode("ascii")
+        .strip()
+    )
+    _run_git(repo, ["update-ref", f"{REBUILT_REF_PREFIX}{commit}", commit])
+    return commit

@@ -467,3 +467,22 @@ def _throttle_keys() -> list[str]:
     from django.contrib.auth.models import User
 
     return [f"throttle_write_{user.pk}" for user in User.objects.all()]
+
+
+def test_a_search_with_nul_on_the_thread_page_finds_nothing_rather_than_failing(
+    logged_in_client: Any,
+) -> None:
+    assert logged_in_client.get("/", {"q": "a\x00b"}).status_code == 200
+
+
+def test_a_thread_folder_too_long_for_the_file_system_is_no_repository(
+    user: Any, make_thread: Any
+) -> None:
+    from replays import planning
+
+    thread = make_thread(cwd="/tmp/" + "x" * 300)
+    plan = planning.prepare_plan(
+        owner=user,
+        raw_configuration={"configurations": [{"thread_id": thread.pk}], "models": ["empty"]},
+    ).plan
+    assert plan.status == "needs_user_input" and plan.questions[0]["field"] == "repository"

@@ -120,7 +120,8 @@ def test_baseline_is_the_last_commit_strictly_before_the_request(repo: Path) -> 
 
 
 def test_baseline_ignores_a_commit_one_second_after_a_request_with_fraction(repo: Path) -> None:
-    before = commit(repo, "before", T0, {"a.txt": b"1\n"})
+    # (A commit in the request's own second is ambiguous: see tests/test_evidence.py.)
+    before = commit(repo, "before", T0 - timedelta(seconds=1), {"a.txt": b"1\n"})
     commit(repo, "after", T0 + timedelta(seconds=1), {"a.txt": b"2\n"})
     request = T0 + timedelta(milliseconds=400)
     assert repos.resolve_baseline(repo, branch="main", before=request).commit == before

@@ -434,6 +434,9 @@ def historical_side(run: Run) -> dict[str, Any]:
             )
         },  # fmt: skip
         "files_changed": None,  # filled from the historical diff when it is read
+        # A tree rebuilt from the transcript's edits stood in for a missing commit:
+        # {"ending"?: {commit, base, files, edits, unsure, repository}, "baseline"?: ...}.
+        "rebuilt": configuration.get("rebuilt") or None,
     }
 
 

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import posixpath
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 # --- what a transcript may claim ----------------------------------------------------
 #
@@ -114,6 +116,8 @@ class ParsedTurn:
     # answered (the prompt or the tool result before it) to its last line. None when
     # the transcript does not tell.
     model_seconds: float | None = None
+    # What the agent's tool calls saw and changed, in order (see Evidence).
+    evidence: Evidence = field(default_factory=lambda: Evidence())
 
     @property
     def models(self) -> list[str]:
@@ -181,3 +185,209 @@ def make_message_ids_unique(turns: list[ParsedTurn]) -> None:
 
 def _fit(text: str, suffix: str) -> str:
     return text[: MAX_MESSAGE_ID_CHARS - len(suffix)] + suffix
+
+
+# --- evidence: what the agent's tool calls saw and changed ----------------------------
+#
+# Per turn, in the order the tools ran: the files the agent read (and what it read), the
+# edits it made (the text replaced and the text put in), the files it wrote, the patches it
+# applied, and the shell commands it ran. Prepare checks it against candidate commits (which
+# tree did the agent see, which holds its result) and can rebuild an uncommitted result
+# from it (replays/evidence.py). Kept bounded: a long text is kept as its sha256 and length
+# only, and a turn keeps at most MAX_EVIDENCE_CHARS of text in MAX_EVIDENCE_ITEMS items
+# (beyond, `cut` says items are missing).
+MAX_EVIDENCE_TEXT_CHARS = 64 * 1024
+MAX_EVIDENCE_CHARS = 1024 * 1024
+MAX_EVIDENCE_ITEMS = 1000
+MAX_EVIDENCE_COMMAND_CHARS = 2000
+
+
+def kept_text(text: str) -> str | dict[str, Any]:
+    """``text`` itself, or ``{"sha256", "chars"}`` when it is too long to keep."""
+    if len(text) <= MAX_EVIDENCE_TEXT_CHARS:
+        return text
+    digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+    return {"sha256": digest, "chars": len(text)}
+
+
+def text_sha256(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+@dataclass
+class Evidence:
+    """One turn's evidence: items in order (dicts, stored as JSON on Turn.evidence).
+
+    Item kinds (every item also names the ``tool`` the agent called):
+    ``read`` {path, text (None: only that it exists), match: whole | part | trimmed | head};
+    ``edit`` {path, old, new, all, before (sha256 of the whole file before, when known)};
+    ``write`` {path, text, created (True / False / None: unknown), before};
+    ``patch`` {path, op: add | delete | update, text (add: the content; delete: the content
+    removed), hunks [{at (1-based old line, None: find it), context, old [lines],
+    new [lines], eof}], move_to};
+    ``shell`` {command, parsed (Codex's own reading of it: read, search, ...)};
+    ``other`` {path}: a tool that may change files in ways not recorded (a sub-agent).
+    Paths are as the agent gave them until ``relative_to`` makes them relative to the
+    thread's folder (absolute ones outside it stay absolute).
+    """
+
+    items: list[dict[str, Any]] = field(default_factory=list)
+    cut: bool = False
+    recorded_commit: str = ""  # Codex: a commit recorded for this turn (not the session's)
+    chars: int = 0
+
+    def add(self, item: dict[str, Any]) -> dict[str, Any] | None:
+        """Keep ``item`` (with its texts bounded); None when the turn's budget is spent."""
+        if self.cut:
+            return None
+        size = _text_size(item)
+        if len(self.items) >= MAX_EVIDENCE_ITEMS or self.chars + size > MAX_EVIDENCE_CHARS:
+            self.cut = True
+            return None
+        self.chars += size
+        self.items.append(item)
+        return item
+
+    def relative_to(self, cwd: str) -> None:
+        for item in self.items:
+            for key in ("path", "move_to"):
+                if isinstance(item.get(key), str):
+                    item[key] = relative_path(item[key], cwd)
+
+    def as_json(self) -> dict[str, Any]:
+        if not self.items and not self.cut and not self.recorded_commit:
+            return {"items": []}
+        data: dict[str, Any] = {"items": self.items}
+        if self.cut:
+            data["cut"] = True
+        if self.recorded_commit:
+            data["recorded_commit"] = self.recorded_commit
+        return data
+
+
+def _text_size(item: dict[str, Any]) -> int:
+    size = 0
+    for value in item.values():
+        if isinstance(value, str):
+            size += len(value)
+        elif isinstance(value, list):
+            for hunk in value:
+                if isinstance(hunk, dict):
+                    size += sum(len(line) for key in ("old", "new") for line in hunk.get(key, []))
+    return size
+
+
+def relative_path(path: str, cwd: str) -> str:
+    """``path`` relative to ``cwd`` when it lies inside it (posix, normalised), else as given."""
+    if not path:
+        return path
+    if not path.startswith("/"):
+        return posixpath.normpath(path)
+    path = posixpath.normpath(path)
+    base = posixpath.normpath(cwd) if cwd.startswith("/") else ""
+    if base and (path == base or path.startswith(base.rstrip("/") + "/")):
+        return posixpath.relpath(path, base)
+    return path
+
+
+def line_list(text: str) -> list[str]:
+    """Lines of ``text`` without their ends (Codex's patch semantics: a final newline ends the
+    last line, it does not start another)."""
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return lines
+
+
+def unified_hunks(diff: str) -> list[dict[str, Any]] | None:
+    """The hunks of a unified diff of one file (Codex's FileChange ``unified_diff``), or None
+    when it cannot be read."""
+    hunks: list[dict[str, Any]] = []
+    current: dict[str, Any] | None = None
+    for line in diff.split("\n"):
+        if line.startswith("@@"):
+            header = line.split("@@")[1].strip() if line.count("@@") >= 2 else ""
+            old_range = header.split(" ")[0] if header else ""
+            if not old_range.startswith("-"):
+                return None
+            start_text = old_range[1:].split(",")[0]
+            if not (start_text.isascii() and start_text.isdigit() and len(start_text) < 10):
+                return None
+            start = int(start_text)
+            # "-0,0" (an empty old side) inserts after line 0.
+            count = old_range[1:].split(",")[1] if "," in old_range else "1"
+            if start < 1 and count != "0":
+                return None
+            current = {"at": start if count != "0" else start + 1, "context": None,
+                       "old": [], "new": [], "eof": False}  # fmt: skip
+            hunks.append(current)
+        elif current is None:
+            continue  # file headers (---/+++) before the first hunk
+        elif line.startswith(" "):
+            current["old"].append(line[1:])
+            current["new"].append(line[1:])
+        elif line.startswith("-"):
+            current["old"].append(line[1:])
+        elif line.startswith("+"):
+            current["new"].append(line[1:])
+        elif line.startswith("\\"):
+            current["eof"] = True  # "\ No newline at end of file": the hunk reaches the end
+    return hunks
+
+
+def patch_operations(patch: str) -> list[dict[str, Any]] | None:
+    """An ``apply_patch`` text (``*** Begin Patch`` ... ``*** End Patch``) as one operation per
+    file: {op, path, text (add), hunks (update), move_to}; None when it is not one."""
+    lines = patch.strip("\n").split("\n")
+    if not lines or lines[0].strip() != "*** Begin Patch":
+        return None
+    operations: list[dict[str, Any]] = []
+    current: dict[str, Any] | None = None
+    hunk: dict[str, Any] | None = None
+    for line in lines[1:]:
+        if line.strip() == "*** End Patch":
+            break
+        if line.startswith("*** Add File: "):
+            current = {"op": "add", "path": line[len("*** Add File: ") :].strip(), "text": ""}
+            operations.append(current)
+            hunk = None
+        elif line.startswith("*** Delete File: "):
+            current = {"op": "delete", "path": line[len("*** Delete File: ") :].strip()}
+            operations.append(current)
+            hunk = None
+        elif line.startswith("*** Update File: "):
+            path = line[len("*** Update File: ") :].strip()
+            current = {"op": "update", "path": path, "hunks": [], "move_to": None}
+            operations.append(current)
+            hunk = None
+        elif current is None:
+            return None
+        elif current["op"] == "add":
+            if not line.startswith("+"):
+                return None
+            current["text"] += line[1:] + "\n"
+        elif current["op"] == "update":
+            if line.startswith("*** Move to: "):
+                current["move_to"] = line[len("*** Move to: ") :].strip()
+            elif line.startswith("@@"):
+                context = line[2:].strip() or None
+                hunk = {"at": None, "context": context, "old": [], "new": [], "eof": False}
+                current["hunks"].append(hunk)
+            elif line.strip() == "*** End of File":
+                if hunk is not None:
+                    hunk["eof"] = True
+            else:
+                if hunk is None:  # the first hunk may leave out its @@ line
+                    hunk = {"at": None, "context": None, "old": [], "new": [], "eof": False}
+                    current["hunks"].append(hunk)
+                marker, text = (line[:1], line[1:]) if line else (" ", "")
+                if marker == " ":
+                    hunk["old"].append(text)
+                    hunk["new"].append(text)
+                elif marker == "-":
+                    hunk["old"].append(text)
+                elif marker == "+":
+                    hunk["new"].append(text)
+                else:
+                    return None
+    return operations

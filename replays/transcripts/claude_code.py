@@ -17,9 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from replays.transcripts.base import (
+    MAX_EVIDENCE_COMMAND_CHARS,
     MAX_LINE_COST_USD,
     MAX_LINE_TOKENS,
     OUT_OF_RANGE,
+    Evidence,
     LineProblem,
     ParsedThread,
     ParsedTurn,
@@ -27,7 +29,9 @@ from replays.transcripts.base import (
     TokenUsage,
     TranscriptError,
     UsageBudget,
+    kept_text,
     make_message_ids_unique,
+    text_sha256,
 )
 
 KIND = "claude_code"
@@ -324,6 +328,8 @@ class _State:
     recognised: bool = False
     # The latest user line (prompt or tool result) of the file being read.
     asked_at: datetime | None = None
+    # Tool calls waiting for their result: tool_use id -> (turn index, tool name, input).
+    pending_tools: dict[str, tuple[int, str, dict[str, Any]]] = field(default_factory=dict)
 
     def saw_time(self, at: datetime) -> None:
         self.started_at = at if self.started_at is None else min(self.started_at, at)
@@ -352,6 +358,8 @@ def parse_claude_code(
         problems = problems + _read_subagents(state, path, session_id, max_bytes=max_bytes)
     _finish_turns(state)
     make_message_ids_unique(state.turns)
+    for turn in state.turns:
+        turn.evidence.relative_to(state.cwd)
 
     title = state.custom_title or state.ai_title or state.summary
     if not title and state.turns:
@@ -405,9 +413,12 @@ def _read_line(
         if line_type == "assistant":
             assert at is not None
             _read_assistant(state, lines, line_number, value, at, from_subagent=not main_file)
+            if main_file:
+                _read_tool_uses(state, value)
         elif line_type == "user" and main_file:
             assert at is not None
             _read_user(state, line_number, value, at)
+            _read_tool_results(state, value)
     except ValueError as exc:
         # A skipped line adds nothing, its metadata and time included.
         lines.problem(line_number, str(exc))
@@ -668,3 +679,138 @@ def _finish_turns(state: _State) -> None:
             )
     for index, cost in recorded.items():
         state.turns[index].recorded_cost_usd = float(cost)
+
+
+# --- evidence: the agent's tool calls ---------------------------------------------------
+
+# Tools whose work on files is not recorded in this file: a sub-agent (its own transcript
+# may edit files), a notebook edit.
+_UNRECORDED_TOOLS = frozenset({"Task", "Agent", "NotebookEdit"})
+# `cat FILE` and nothing else: its output is the file (Claude trims the trailing newline).
+_SIMPLE_CAT_RE = re.compile(r"^\s*cat\s+(?:--\s+)?([^\s;&|<>`$\\'\"*?]+)\s*$")
+
+
+def _read_tool_uses(state: _State, value: dict[str, Any]) -> None:
+    """Remember the tool calls of an assistant line until their results come."""
+    content = value["message"].get("content")
+    if not state.turns or not isinstance(content, list):
+        return
+    turn = len(state.turns) - 1
+    for block in content:
+        if not isinstance(block, dict) or block.get("type") != "tool_use":
+            continue
+        tool_id, name, tool_input = block.get("id"), block.get("name"), block.get("input")
+        if not (
+            isinstance(tool_id, str) and isinstance(name, str) and isinstance(tool_input, dict)
+        ):
+            continue
+        if value.get("isSidechain"):
+            # An old-style inline sub-agent: its edits are its own; say the turn had one.
+            name = "Task"
+        state.pending_tools[tool_id] = (turn, name, tool_input)
+
+
+def _read_tool_results(state: _State, value: dict[str, Any]) -> None:
+    """A user line carrying tool results: each successful call becomes evidence."""
+    content = value["message"].get("content")
+    if not isinstance(content, list):
+        return
+    results = [b for b in content if isinstance(b, dict) and b.get("type") == "tool_result"]
+    # Claude Code writes one result per line, with the tool's own record beside it.
+    record = value.get("toolUseResult") if len(results) == 1 else None
+    for result in results:
+        pending = state.pending_tools.pop(str(result.get("tool_use_id")), None)
+        if pending is None or result.get("is_error") is True:
+            continue  # a failed call changed nothing
+        turn, name, tool_input = pending
+        if turn < len(state.turns):
+            _tool_evidence(
+                state.turns[turn].evidence, name, tool_input,
+                record if isinstance(record, dict) else {},
+            )  # fmt: skip
+
+
+def _tool_evidence(
+    evidence: Evidence, name: str, tool_input: dict[str, Any], record: dict[str, Any]
+) -> None:
+    path = tool_input.get("file_path")
+    path = path if isinstance(path, str) and path else None
+    if name in _UNRECORDED_TOOLS:
+        evidence.add({"kind": "other", "tool": name, "path": path})
+    elif name == "Read" and path:
+        _read_evidence(evidence, path, record)
+    elif name == "Edit" and path:
+        old = _string_field(record, "oldString", tool_input, "old_string")
+        new = _string_field(record, "newString", tool_input, "new_string")
+        if old is None or new is None:
+            return
+        original = record.get("originalFile")
+        evidence.add(
+            {
+                "kind": "edit", "tool": name, "path": path,
+                "old": kept_text(old), "new": kept_text(new),
+                "all": bool(tool_input.get("replace_all") or record.get("replaceAll")),
+                "before": text_sha256(original) if isinstance(original, str) else None,
+            }
+        )  # fmt: skip
+    elif name == "MultiEdit" and path and isinstance(tool_input.get("edits"), list):
+        for edit in tool_input["edits"]:
+            if not isinstance(edit, dict):
+                continue
+            old, new = edit.get("old_string"), edit.get("new_string")
+            if isinstance(old, str) and isinstance(new, str):
+                evidence.add(
+                    {"kind": "edit", "tool": name, "path": path, "old": kept_text(old),
+                     "new": kept_text(new), "all": bool(edit.get("replace_all")), "before": None}
+                )  # fmt: skip
+    elif name == "Write" and path and isinstance(tool_input.get("content"), str):
+        original = record.get("originalFile")
+        kind = record.get("type")
+        evidence.add(
+            {
+                "kind": "write", "tool": name, "path": path,
+                "text": kept_text(tool_input["content"]),
+                "created": kind == "create" if kind in ("create", "update") else None,
+                "before": text_sha256(original) if isinstance(original, str) else None,
+            }
+        )  # fmt: skip
+    elif name == "Bash" and isinstance(tool_input.get("command"), str):
+        command = tool_input["command"]
+        evidence.add(
+            {"kind": "shell", "tool": name, "command": command[:MAX_EVIDENCE_COMMAND_CHARS],
+             "cut": len(command) > MAX_EVIDENCE_COMMAND_CHARS}
+        )  # fmt: skip
+        match = _SIMPLE_CAT_RE.match(command)
+        stdout = record.get("stdout")
+        if match and isinstance(stdout, str) and not record.get("interrupted"):
+            if not record.get("stderr"):
+                evidence.add(
+                    {"kind": "read", "tool": name, "path": match.group(1),
+                     "text": kept_text(stdout), "match": "trimmed"}
+                )  # fmt: skip
+
+
+def _read_evidence(evidence: Evidence, path: str, record: dict[str, Any]) -> None:
+    """A Read: the text it returned when the record has it (whole or a part of the file)."""
+    read = record.get("file") if record.get("type") == "text" else None
+    text: Any = None
+    match = "whole"
+    if isinstance(read, dict) and isinstance(read.get("content"), str):
+        text = read["content"]
+        start, count, total = (read.get(k) for k in ("startLine", "numLines", "totalLines"))
+        whole = start == 1 and isinstance(count, int) and isinstance(total, int) and count >= total
+        match = "whole" if whole else "part"
+    evidence.add(
+        {"kind": "read", "tool": "Read", "path": path,
+         "text": kept_text(text) if text is not None else None, "match": match}
+    )  # fmt: skip
+
+
+def _string_field(
+    record: dict[str, Any], record_key: str, tool_input: dict[str, Any], input_key: str
+) -> str | None:
+    # The tool's record says what was applied (the user may have changed the proposal).
+    value = record.get(record_key)
+    if not isinstance(value, str):
+        value = tool_input.get(input_key)
+    return value if isinstance(value, str) else None

@@ -9,6 +9,8 @@ messages, and the latter are only trusted when a file has no prompt events.
 
 from __future__ import annotations
 
+import json
+import posixpath
 import re
 from dataclasses import dataclass
 from datetime import datetime
@@ -16,13 +18,17 @@ from pathlib import Path
 from typing import Any, Literal
 
 from replays.transcripts.base import (
+    MAX_EVIDENCE_COMMAND_CHARS,
     ParsedThread,
     ParsedTurn,
     TokensOutOfRange,
     TokenUsage,
     TranscriptError,
     UsageBudget,
+    kept_text,
     make_message_ids_unique,
+    patch_operations,
+    unified_hunks,
 )
 
 # The line reader and helpers are shared with the Claude Code parser.
@@ -109,9 +115,34 @@ class _ModelTime:
     seconds: float
 
 
-_Event = _Prompt | _Usage | _Answer | _TurnStarted | _ModelTime
+@dataclass(frozen=True)
+class _Evidence:
+    """What one tool call saw or changed (an evidence item, see base.Evidence)."""
+
+    item: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class _RecordedCommit:
+    """A commit recorded after the session began (turn_context or a later session_meta):
+    the next turn started from it."""
+
+    commit: str
+
+
+_Event = _Prompt | _Usage | _Answer | _TurnStarted | _ModelTime | _Evidence | _RecordedCommit
 # Items that hand the model a new request: what the next response answers.
 _REQUEST_ITEMS = frozenset({"function_call_output", "custom_tool_call_output"})
+_SHELL_TOOLS = frozenset(
+    {"exec_command", "shell", "shell_command", "local_shell", "container.exec"}
+)
+# Codex's own reading of a command (parsed_cmd) that changes no file.
+_READING_COMMANDS = frozenset({"read", "search", "list_files"})
+# `cat FILE` and nothing else: its output is the file.
+_SIMPLE_CAT_RE = re.compile(r"^\s*cat\s+(?:--\s+)?([^\s;&|<>`$\\'\"*?]+)\s*$")
+# Longer command output may have been cut by Codex: only its beginning is trusted then.
+_WHOLE_OUTPUT_CHARS = 10_000
+_OUTPUT_HEAD_CHARS = 4_000
 
 
 @dataclass(frozen=True)
@@ -177,6 +208,17 @@ class _Reader:
         self.recognised = False
         # When the latest request to the model (a prompt or a tool's output) was written.
         self.asked_at: datetime | None = None
+        # The folder the current turn runs in (turn_context), for relative patch paths.
+        self.turn_cwd = ""
+        # apply_patch calls whose outcome is not known yet: call id -> patch text.
+        self.pending_patches: dict[str, str] = {}
+        # Calls whose file changes were recorded (FileChange / patch_apply_* events).
+        self.changed_calls: set[str] = set()
+        # Shell items by call id, so Codex's reading of the command can refine them.
+        self.shell_items: dict[str, dict[str, Any]] = {}
+        # Changes a patch_apply_begin announced, kept until patch_apply_end says they held.
+        self.pending_changes: tuple[str, list[dict[str, Any]]] | None = None
+        self.session_metas = 0
 
     def read(self) -> None:
         for line_number, value in self.lines:
@@ -213,7 +255,11 @@ class _Reader:
 
     def _session_meta(self, payload: dict[str, Any]) -> None:
         # A resumed or forked session can carry more than one session_meta; the
-        # first describes this file's session.
+        # first describes this file's session. A later one with a commit says what the
+        # next turn started from.
+        self.session_metas += 1
+        if self.session_metas > 1:
+            self._recorded_commit(payload.get("git"))
         self._first("session_id", payload.get("id"))
         self._first("cwd", payload.get("cwd"))
         self._first("cli_version", payload.get("cli_version"))
@@ -232,9 +278,17 @@ class _Reader:
         if isinstance(model, str) and model:
             self.model = model
         self._first("cwd", payload.get("cwd"))
+        if isinstance(payload.get("cwd"), str):
+            self.turn_cwd = payload["cwd"]
+        self._recorded_commit(payload.get("git"))
         turn_id = payload.get("turn_id")
         if isinstance(turn_id, str) and turn_id:
             self.events.append(_TurnStarted(turn_id))
+
+    def _recorded_commit(self, git: object) -> None:
+        commit = git.get("commit_hash") if isinstance(git, dict) else None
+        if isinstance(commit, str) and commit:
+            self.events.append(_RecordedCommit(commit))
 
     def _event_msg(self, payload: dict[str, Any], at: datetime) -> None:
         event_type = _string(payload.get("type"))
@@ -257,6 +311,16 @@ class _Reader:
                 self._prompt(at, _item_text(item), turn_id, "event")
             elif item_type in _ANSWER_ITEMS:
                 self.events.append(_Answer(at))
+            elif item_type == "FileChange":
+                self._file_changes(item.get("id"), item.get("changes"), item.get("status"))
+            elif item_type == "CommandExecution":
+                self._command_output(item)
+        elif event_type == "patch_apply_begin":  # releases before item_completed FileChange
+            self._file_changes(payload.get("call_id"), payload.get("changes"), "pending")
+        elif event_type == "patch_apply_end":
+            self._patch_end(payload)
+        elif event_type == "exec_command_end":
+            self._command_output(payload)
         elif event_type in ("task_started", "turn_started"):
             turn_id = _string(payload.get("turn_id"))
             if turn_id:
@@ -282,8 +346,129 @@ class _Reader:
                 self.events.append(_Answer(at))
         elif item_type in _MODEL_OUTPUT_ITEMS:
             self.events.append(_Answer(at))
+            self._tool_call(payload)
         elif item_type in _REQUEST_ITEMS:
             self.asked_at = at
+            self._tool_output(payload)
+
+    # --- evidence ------------------------------------------------------------------------
+
+    def _evidence(self, item: dict[str, Any]) -> None:
+        self.events.append(_Evidence(item))
+
+    def _absolute(self, path: str) -> str:
+        """A path as the agent gave it, made absolute against the turn's folder."""
+        if path.startswith("/") or not (self.turn_cwd or self.cwd):
+            return path
+        return posixpath.join(self.turn_cwd or self.cwd, path)
+
+    def _tool_call(self, payload: dict[str, Any]) -> None:
+        name = _string(payload.get("name"))
+        call_id = _string(payload.get("call_id")) or ""
+        arguments: Any = payload.get("input")
+        if payload.get("type") == "function_call":
+            try:
+                arguments = json.loads(str(payload.get("arguments") or "{}"))
+            except (ValueError, RecursionError):
+                arguments = {}
+        if name == "apply_patch":
+            text = arguments.get("input") if isinstance(arguments, dict) else arguments
+            if isinstance(text, str):
+                self.pending_patches[call_id] = text
+        elif name in _SHELL_TOOLS or payload.get("type") == "local_shell_call":
+            command = _command_text(arguments if isinstance(arguments, dict) else {})
+            action = payload.get("action")
+            if payload.get("type") == "local_shell_call" and isinstance(action, dict):
+                command = _command_text(action)
+            if command:
+                item = {"kind": "shell", "tool": name or "local_shell", "parsed": [],
+                        "command": command[:MAX_EVIDENCE_COMMAND_CHARS],
+                        "cut": len(command) > MAX_EVIDENCE_COMMAND_CHARS}  # fmt: skip
+                self.shell_items[call_id] = item
+                self._evidence(item)
+
+    def _tool_output(self, payload: dict[str, Any]) -> None:
+        """An apply_patch whose changes no event recorded: its own text, when it worked."""
+        call_id = _string(payload.get("call_id")) or ""
+        text = self.pending_patches.pop(call_id, None)
+        if text is None or call_id in self.changed_calls:
+            return
+        output = payload.get("output")
+        output = output.get("content") if isinstance(output, dict) else output
+        if not isinstance(output, str) or not (
+            output.startswith("Exit code: 0") or output.startswith("Success.")
+        ):
+            return
+        for operation in patch_operations(text) or [{"op": "unknown"}]:
+            if operation["op"] == "unknown":
+                self._evidence({"kind": "other", "tool": "apply_patch", "path": None})
+                continue
+            operation["path"] = self._absolute(operation["path"])
+            if operation.get("move_to"):
+                operation["move_to"] = self._absolute(operation["move_to"])
+            if "text" in operation:
+                operation["text"] = kept_text(operation["text"])
+            self._evidence({"kind": "patch", "tool": "apply_patch", **operation})
+
+    def _file_changes(self, call_id: object, changes: object, status: object) -> None:
+        """Codex's own record of what a patch changed (0.169.0: item_completed FileChange;
+        older releases: patch_apply_begin, confirmed by patch_apply_end)."""
+        if not isinstance(changes, dict):
+            return
+        call = call_id if isinstance(call_id, str) else ""
+        self.changed_calls.add(call)
+        self.pending_patches.pop(call, None)
+        if status not in ("completed", "pending"):
+            return  # failed or declined: nothing changed
+        items = []
+        for path, change in changes.items():
+            if isinstance(path, str) and isinstance(change, dict):
+                item = _change_item(self._absolute(path), change)
+                if item.get("move_to"):
+                    item["move_to"] = self._absolute(item["move_to"])
+                items.append(item)
+        if status == "pending":
+            self.pending_changes = (call, items)
+            return
+        for item in items:
+            self._evidence(item)
+
+    def _patch_end(self, payload: dict[str, Any]) -> None:
+        pending = self.pending_changes
+        if (
+            pending
+            and pending[0] == (_string(payload.get("call_id")) or "")
+            and payload.get("success")
+        ):
+            for item in pending[1]:
+                self._evidence(item)
+        self.pending_changes = None
+
+    def _command_output(self, item: dict[str, Any]) -> None:
+        """What a finished command printed: a simple `cat FILE` shows the file."""
+        call_id = _string(item.get("id")) or _string(item.get("call_id")) or ""
+        parsed_cmd = item.get("parsed_cmd")
+        parsed = (
+            [p.get("type") for p in parsed_cmd if isinstance(p, dict)]
+            if isinstance(parsed_cmd, list)
+            else []
+        )
+        shell = self.shell_items.get(call_id)
+        if shell is not None:
+            shell["parsed"] = [kind for kind in parsed if isinstance(kind, str)]
+        command = item.get("command")
+        if isinstance(command, list) and command:
+            command = command[-1]  # ["/bin/bash", "-lc", "cat x"]
+        output = item.get("aggregated_output", item.get("stdout"))
+        match = _SIMPLE_CAT_RE.match(command) if isinstance(command, str) else None
+        if not match or item.get("exit_code") != 0 or not isinstance(output, str):
+            return
+        whole = len(output) <= _WHOLE_OUTPUT_CHARS
+        self._evidence(
+            {"kind": "read", "tool": "exec_command", "path": self._absolute(match.group(1)),
+             "text": kept_text(output if whole else output[:_OUTPUT_HEAD_CHARS]),
+             "match": "whole" if whole else "head"}
+        )  # fmt: skip
 
     def _prompt(
         self,
@@ -380,6 +565,40 @@ def _string(value: object) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
+def _command_text(arguments: dict[str, Any]) -> str:
+    """The command line of a shell call: `cmd` (exec_command) or `command` (a string, or
+    an argv whose last word is the script of `bash -lc`)."""
+    command = arguments.get("cmd", arguments.get("command"))
+    if isinstance(command, list) and command and all(isinstance(w, str) for w in command):
+        if len(command) >= 3 and command[-2] in ("-c", "-lc"):
+            return str(command[-1])
+        return " ".join(command)
+    return command if isinstance(command, str) else ""
+
+
+def _change_item(path: str, change: dict[str, Any]) -> dict[str, Any]:
+    """One file of a Codex FileChange as a patch item. 0.169.0 writes {type: add, content},
+    {type: delete, content}, {type: update, unified_diff, move_path}; older releases
+    {add: {content}}, {delete: {content}}, {update: {unified_diff, move_path}}."""
+    kind = change.get("type")
+    body = change
+    if not isinstance(kind, str):
+        kind = next((key for key in ("add", "delete", "update") if key in change), "")
+        body = change.get(kind) if isinstance(change.get(kind), dict) else {}
+    item: dict[str, Any] = {"kind": "patch", "tool": "apply_patch", "path": path, "op": kind}
+    if kind in ("add", "delete"):
+        content = body.get("content")
+        item["text"] = kept_text(content) if isinstance(content, str) else None
+    elif kind == "update":
+        diff = body.get("unified_diff")
+        item["hunks"] = unified_hunks(diff) if isinstance(diff, str) else None
+        move = body.get("move_path")
+        item["move_to"] = move if isinstance(move, str) and move else None
+    else:
+        return {"kind": "other", "tool": "apply_patch", "path": path}
+    return item
+
+
 def _item_text(item: dict[str, Any]) -> str:
     """Text of a message item: content blocks (input_text / text), or a plain text field."""
     content = item.get("content")
@@ -414,6 +633,8 @@ def parse_codex(path: Path, *, max_bytes: int) -> ParsedThread:
 
     session_id = reader.session_id or _session_id_from_name(path)
     turns = _build_turns(reader.events, session_id)
+    for turn in turns:
+        turn.evidence.relative_to(reader.cwd)
     return ParsedThread(
         kind=KIND,
         session_id=session_id,
@@ -453,10 +674,16 @@ def _build_turns(events: list[_Event], session_id: str) -> list[ParsedTurn]:
     used_ids: set[str] = set()
     latest_turn_id: str | None = None
     worked = False  # usage or an answer since the latest prompt
+    recorded: str | None = None  # a commit recorded for the next turn
 
     for event in events:
         if isinstance(event, _TurnStarted):
             latest_turn_id = event.turn_id
+        elif isinstance(event, _RecordedCommit):
+            recorded = event.commit
+        elif isinstance(event, _Evidence):
+            if turns:
+                turns[-1].evidence.add(event.item)
         elif isinstance(event, _Prompt):
             if event.source != source:
                 continue
@@ -489,6 +716,9 @@ def _build_turns(events: list[_Event], session_id: str) -> list[ParsedTurn]:
                     request=event.text,
                 )
             )
+            if recorded:
+                turns[-1].evidence.recorded_commit = recorded[:40]
+                recorded = None
             worked = False
         elif turns:
             # Work before the first prompt (none in practice) serves no turn.

@@ -167,6 +167,12 @@ class Command(ReplaysCommand):
                 f"  thread {prep['thread_id']}: {prep['repository']} "
                 f"{prep['baseline_commit'][:12]}..{prep['ending_commit'][:12]}"
             )
+            for side, done in (prep.get("rebuilt") or {}).items():
+                files = ", ".join(done["files"]) or "no file"
+                lines.append(
+                    f"    {side} {done['commit'][:12]} rebuilt from the transcript (no commit "
+                    f"holds it): {done['edits']} edits of {files} on {done['base'][:12]}"
+                )
         lines.append(f"  models: {', '.join(plan.configuration['models'])}")
         lines.append(f"  evaluator: {plan.evaluator or 'none (the runs will not be judged)'}")
         lines += [f"  warning: {warning}" for warning in plan.warnings]
@@ -202,7 +208,7 @@ class Command(ReplaysCommand):
                     )
                 else:
                     self.stderr.write(
-                        f"    {option} {choice['commit'][:12]}  {choice['committed_at'][:19]}  "
+                        f"    {option} {choice['commit'][:12]}  {choice.get('committed_at', '')[:19]}  "
                         f"{choice['subject'][:60]}"
                     )
 
