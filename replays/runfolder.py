@@ -35,6 +35,7 @@ WORKSPACE = "workspace"
 FULL_DIFF_FILE = "workspace.diff"
 CHECKS_DIR = "checks"
 
+
 def run_root() -> Path:
     return Path(settings.REPLAYS_RUN_ROOT)
 

@@ -216,9 +216,7 @@ def sample_repo(tmp_path: Path) -> Path:
 def importer() -> User:
     """Whoever imports in a test that does not care who: the user `alice` (the `user`
     fixture's), made when missing."""
-    found, _ = User.objects.get_or_create(
-        username="alice", defaults={"email": "alice@example.com"}
-    )
+    found, _ = User.objects.get_or_create(username="alice", defaults={"email": "alice@example.com"})
     if not found.password:
         found.set_password("correct-horse-battery")
         found.save()

@@ -21,8 +21,12 @@ PYTHON = sys.executable
 
 
 def command_agent(models: list[Any], **extra: Any) -> dict[str, Any]:
-    return {"kind": "command", "command": [PYTHON, "agent.py", "{model}"], "models": models,
-            **extra}
+    return {
+        "kind": "command",
+        "command": [PYTHON, "agent.py", "{model}"],
+        "models": models,
+        **extra,
+    }
 
 
 def ids() -> list[str]:
@@ -36,7 +40,11 @@ def test_baselines_come_first_then_agents_in_settings_order(settings: Any) -> No
     }
     models = agents.discover_models()
     assert [info.id for info in models] == [
-        "historical", "empty", "zed:b-model", "zed:a-model", "aider:gpt-5",
+        "historical",
+        "empty",
+        "zed:b-model",
+        "zed:a-model",
+        "aider:gpt-5",
     ]
     assert models[0].is_baseline and models[1].is_baseline
     assert all(info.available for info in models)
@@ -126,27 +134,49 @@ def test_adapter_for_gives_the_baselines_and_command_agents(settings: Any) -> No
 
 def context(tmp_path: Path) -> RunContext:
     return RunContext(
-        run_id=7, model="gpt-5", configuration={}, run_dir=tmp_path / "run-7",
-        workspace=tmp_path / "run-7" / "workspace", request_file=tmp_path / "run-7" / "request.md",
+        run_id=7,
+        model="gpt-5",
+        configuration={},
+        run_dir=tmp_path / "run-7",
+        workspace=tmp_path / "run-7" / "workspace",
+        request_file=tmp_path / "run-7" / "request.md",
         log_path=tmp_path / "run-7" / "agent.log",
     )
 
 
 def test_command_placeholders_are_replaced_inside_each_argument(tmp_path: Path) -> None:
     agent = CommandAgent(
-        name="aider", model="gpt-5",
-        command=["aider", "--model={model}", "--message-file", "{request_file}", "{workspace}",
-                 "--out", "{run_dir}/out.txt", "{not_a_placeholder}", "{model"],
+        name="aider",
+        model="gpt-5",
+        command=[
+            "aider",
+            "--model={model}",
+            "--message-file",
+            "{request_file}",
+            "{workspace}",
+            "--out",
+            "{run_dir}/out.txt",
+            "{not_a_placeholder}",
+            "{model",
+        ],
         env={"AIDER_HOME": "{run_dir}/home", "PLAIN": "{x}"},
     )
     run = context(tmp_path)
     invocation = agent.invocation(run)
     assert invocation.argv == [
-        "aider", "--model=gpt-5", "--message-file", str(run.request_file), str(run.workspace),
-        "--out", f"{run.run_dir}/out.txt", "{not_a_placeholder}", "{model",
+        "aider",
+        "--model=gpt-5",
+        "--message-file",
+        str(run.request_file),
+        str(run.workspace),
+        "--out",
+        f"{run.run_dir}/out.txt",
+        "{not_a_placeholder}",
+        "{model",
     ]
     assert invocation.env == {
-        "AIDER_HOME": f"{run.run_dir}/home", "PLAIN": "{x}",
+        "AIDER_HOME": f"{run.run_dir}/home",
+        "PLAIN": "{x}",
         "REPLAYS_USAGE_FILE": str(run.run_dir / "usage.json"),
     }
     assert invocation.stdin_path is None
@@ -154,10 +184,16 @@ def test_command_placeholders_are_replaced_inside_each_argument(tmp_path: Path) 
 
 def test_usage_file_cost_comes_from_the_price_table_when_not_reported(tmp_path: Path) -> None:
     usage_file = tmp_path / "usage.json"
-    usage_file.write_text(json.dumps(
-        {"input_tokens": 1000, "output_tokens": 200, "cache_read_tokens": 500,
-         "model_seconds": 2.5}
-    ))
+    usage_file.write_text(
+        json.dumps(
+            {
+                "input_tokens": 1000,
+                "output_tokens": 200,
+                "cache_read_tokens": 500,
+                "model_seconds": 2.5,
+            }
+        )
+    )
     outcome = read_usage_file(usage_file, model="gpt-5")
     assert outcome.usage == TokenUsage(input_tokens=1000, output_tokens=200, cache_read_tokens=500)
     # gpt-5: 1.25 in, 0.125 cached, 10 out per million tokens.
@@ -177,10 +213,18 @@ def test_usage_file_reported_cost_wins_and_unknown_models_cost_nothing_known(
     assert read_usage_file(tmp_path / "absent.json", model="gpt-5").cost_usd is None
 
 
-@pytest.mark.parametrize("content", [
-    "{not json", "[1, 2]", '{"input_tokens": -5}', '{"input_tokens": "many"}',
-    '{"cost_usd": "free"}', '{"model_seconds": true}', '{"model": 5}',
-])
+@pytest.mark.parametrize(
+    "content",
+    [
+        "{not json",
+        "[1, 2]",
+        '{"input_tokens": -5}',
+        '{"input_tokens": "many"}',
+        '{"cost_usd": "free"}',
+        '{"model_seconds": true}',
+        '{"model": 5}',
+    ],
+)
 def test_a_malformed_usage_file_is_ignored_with_a_note(tmp_path: Path, content: str) -> None:
     usage_file = tmp_path / "usage.json"
     usage_file.write_text(content)

@@ -359,7 +359,9 @@ def test_verify_argv_fills_in_the_junit_path(tmp_path: Path) -> None:
     assert argv == ["pytest", "-q", f"--junitxml={junit}", "a b"]
 
 
-@pytest.mark.parametrize(("command", "message"), [("", "empty"), ("   ", "empty"), ("pytest 'a", "cannot be read")])
+@pytest.mark.parametrize(
+    ("command", "message"), [("", "empty"), ("   ", "empty"), ("pytest 'a", "cannot be read")]
+)
 def test_verify_argv_refuses_unreadable_commands(command: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         checks.verify_argv(command, Path("/tmp/junit.xml"))
@@ -382,8 +384,8 @@ def test_a_passing_command(tmp_path: Path) -> None:
 def test_a_failing_command_runs_in_the_tree(tmp_path: Path) -> None:
     tree = _tree_with(tmp_path, {"marker.txt": "here\n"})
     command = (
-        f"{PYTHON} -c 'import sys; print(open(\"marker.txt\").read()); "
-        f"print(\"\\x1b[31mred\\x1b[0m\"); sys.exit(3)'"
+        f'{PYTHON} -c \'import sys; print(open("marker.txt").read()); '
+        f'print("\\x1b[31mred\\x1b[0m"); sys.exit(3)\''
     )
 
     result = _verify(tree, command, tmp_path / "check")
@@ -395,7 +397,7 @@ def test_a_failing_command_runs_in_the_tree(tmp_path: Path) -> None:
 
 
 def test_output_tail_keeps_the_last_characters(tmp_path: Path) -> None:
-    result = _verify(tmp_path, f"{PYTHON} -c 'print(\"x\" * 9000 + \"END\")'", tmp_path / "c")
+    result = _verify(tmp_path, f'{PYTHON} -c \'print("x" * 9000 + "END")\'', tmp_path / "c")
 
     assert len(result.output_tail) <= checks.OUTPUT_TAIL_CHARS
     assert result.output_tail.rstrip().endswith("END")
@@ -513,7 +515,9 @@ def test_a_stale_junit_file_is_not_taken_for_this_run(tmp_path: Path) -> None:
 
 def test_unreadable_junit_xml_keeps_tests_none_and_says_why(tmp_path: Path) -> None:
     tree = _tree_with(tmp_path, {})
-    command = f"{PYTHON} -c 'import os; open(os.environ[\"REPLAYS_JUNIT_XML\"], \"w\").write(\"<oops\")'"
+    command = (
+        f'{PYTHON} -c \'import os; open(os.environ["REPLAYS_JUNIT_XML"], "w").write("<oops")\''
+    )
 
     result = _verify(tree, command, tmp_path / "check")
 
@@ -550,8 +554,12 @@ def test_a_real_pytest_run(tmp_path: Path) -> None:
 
 def test_tree_tests_round_trip_through_json() -> None:
     result = TreeTests(
-        outcome="failed", exit_code=2, output_tail="tail", seconds=1.5,
-        tests={"a::b": "passed"}, message="note",
+        outcome="failed",
+        exit_code=2,
+        output_tail="tail",
+        seconds=1.5,
+        tests={"a::b": "passed"},
+        message="note",
     )
 
     assert TreeTests.from_dict(json.loads(json.dumps(result.as_dict()))) == result
@@ -621,7 +629,10 @@ def test_parse_junit_duplicates_keep_the_worst_status(tmp_path: Path) -> None:
     )
 
     assert checks.parse_junit(path) == {
-        "c::a": "failed", "c::b": "failed", "c::d": "error", "c::e": "skipped",
+        "c::a": "failed",
+        "c::b": "failed",
+        "c::d": "error",
+        "c::e": "skipped",
     }
 
 
@@ -696,7 +707,9 @@ def test_parse_junit_does_not_follow_a_symlink_or_read_a_fifo(tmp_path: Path) ->
 # --- FAIL_TO_PASS and PASS_TO_PASS ---------------------------------------------
 
 
-def _tree(outcome: str, tests: dict[str, str] | None = None, exit_code: int | None = 0) -> TreeTests:
+def _tree(
+    outcome: str, tests: dict[str, str] | None = None, exit_code: int | None = 0
+) -> TreeTests:
     return TreeTests(outcome=outcome, exit_code=exit_code, tests=tests)
 
 
@@ -707,7 +720,9 @@ def test_fail_to_pass_and_pass_to_pass() -> None:
     historical = _tree(
         "passed",
         {
-            "a": "passed", "b": "passed", "c": "passed",
+            "a": "passed",
+            "b": "passed",
+            "c": "passed",
             "d": "passed",  # new historically: missing at the baseline counts as failed
             "e": "passed",
             "f": "failed",  # never passed: not a reference
@@ -772,7 +787,9 @@ def test_kept_and_broken() -> None:
         usable=True, reason="", fail_to_pass=["b", "d", "e"], pass_to_pass=["a", "c"]
     )
 
-    per_test = checks.kept_and_broken(sets, _tree("failed", {"a": "passed", "b": "failed", "c": "passed", "e": "skipped"}, 1))
+    per_test = checks.kept_and_broken(
+        sets, _tree("failed", {"a": "passed", "b": "failed", "c": "passed", "e": "skipped"}, 1)
+    )
     all_passed = checks.kept_and_broken(sets, _tree("passed", None))
     all_failed = checks.kept_and_broken(sets, TreeTests(outcome="timeout"))
 
@@ -802,7 +819,9 @@ def test_end_to_end_on_real_trees(tmp_path: Path) -> None:
     repo.mkdir()
     git(repo, "init", "-q")
     (repo / "calc.py").write_text("def add(a, b):\n    return a - b\n")
-    (repo / "test_calc.py").write_text("from calc import add\n\ndef test_zero():\n    assert add(0, 0) == 0\n")
+    (repo / "test_calc.py").write_text(
+        "from calc import add\n\ndef test_zero():\n    assert add(0, 0) == 0\n"
+    )
     baseline = _commit_all(repo, "Baseline")
     (repo / "calc.py").write_text("def add(a, b):\n    return a + b\n")
     (repo / "test_calc.py").write_text(
@@ -830,7 +849,8 @@ def test_end_to_end_on_real_trees(tmp_path: Path) -> None:
     assert sets.fail_to_pass == ["test_calc::test_add"]
     assert sets.pass_to_pass == ["test_calc::test_zero"]
     assert checks.kept_and_broken(sets, results["replay"]) == (
-        ["test_calc::test_zero"], ["test_calc::test_add"]
+        ["test_calc::test_zero"],
+        ["test_calc::test_add"],
     )
 
 
@@ -838,7 +858,10 @@ def test_checks_is_plain_python() -> None:
     """The evaluation's test checks load without Django (no models, no settings)."""
     code = "import sys, replays.evaluation.checks; print('django' in sys.modules)"
     completed = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True,
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
         env={k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"},
         cwd=Path(__file__).resolve().parent.parent,
     )

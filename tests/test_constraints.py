@@ -203,6 +203,7 @@ def _judging_twice(g: Graph) -> Report:
     clone(g["report"], is_current=False, status=ReportStatus.JUDGING, winner=None).save()
     return clone(g["report"], is_current=False, status=ReportStatus.JUDGING, winner=None)
 
+
 for _owner in ("thread", "turn", "run", "review"):
     for _field in (
         "input_tokens",

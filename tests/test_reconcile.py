@@ -308,9 +308,7 @@ def test_queued_runs_are_left_alone_and_the_command_says_what_it_did(
     assert Run.objects.get(pk=lost.pk).status == RunStatus.FAILED
     text = out.getvalue()
     assert f"run {lost.pk}: launch_failed" in text
-    assert (
-        "Reconciled: 1 launch_failed, 0 coordinator_lost, 0 cancelled, 0 judgments lost." in text
-    )
+    assert "Reconciled: 1 launch_failed, 0 coordinator_lost, 0 cancelled, 0 judgments lost." in text
     # The task is the same service, short and repeatable.
     assert tasks.reconcile_runs_task() == {
         "launch_failed": 0,

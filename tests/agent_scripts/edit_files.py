@@ -34,8 +34,13 @@ usage_file = Path(os.environ["REPLAYS_USAGE_FILE"])
 if args.bad_usage:
     usage_file.write_text("{not json")
 else:
-    usage = {"input_tokens": 1000, "output_tokens": 200, "cache_read_tokens": 500,
-             "model_seconds": 1.5, "model": args.model}
+    usage = {
+        "input_tokens": 1000,
+        "output_tokens": 200,
+        "cache_read_tokens": 500,
+        "model_seconds": 1.5,
+        "model": args.model,
+    }
     if args.cost:
         usage["cost_usd"] = args.cost
     usage_file.write_text(json.dumps(usage))
