@@ -15,7 +15,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from replays import planning
+from replays import context, planning
 from replays.models import Batch, LaunchError, Plan, PlanStatus, Run, Thread
 
 CONFIGURATION_CHANGED = "The approved configuration changed. Prepare and approve it again."
@@ -132,6 +132,8 @@ def protected_input_changes(
         "verify_files": "the verify command's files",
         "request_sha256": "the request text",
         "rebuilt": "the tree rebuilt from the transcript",
+        "context": "the context a model gets",
+        "digest_sha256": "the digest of the earlier requests",
     }
     for item, prepared in zip(configuration["configurations"], plan.preparations, strict=True):
         thread = threads.get(item["thread_id"])
@@ -151,11 +153,16 @@ def protected_input_changes(
         except planning.PlanInputError as exc:
             changes.append({"thread_id": thread.pk, "input": "thread", "message": exc.message})
             continue
+        planning.resolve_thread_context(now, thread, configuration)
         current[thread.pk] = (thread, now)
         inputs = now.protected_inputs()
+        prepared_inputs = {
+            **prepared,
+            "context": {model: item["mode"] for model, item in prepared.get("context", {}).items()},
+        }
         for key, label in labels.items():
             # Preparations stored before results were rebuilt have no "rebuilt": none was.
-            if inputs[key] != prepared.get(key, {} if key == "rebuilt" else None):
+            if inputs[key] != prepared_inputs.get(key, {} if key == "rebuilt" else None):
                 changes.append(
                     {
                         "thread_id": thread.pk,
@@ -172,9 +179,10 @@ def run_configuration(
     item: dict[str, Any],
     model: str,
     thread: Thread,
-    request: str,
+    resolved: planning.ThreadPreparation,
 ) -> dict[str, Any]:
     """The exact configuration one member runs with (also written into its run folder)."""
+    mode = resolved.mode_of(model)
     return {
         "plan_id": plan.pk,
         "thread_id": thread.pk,
@@ -186,13 +194,20 @@ def run_configuration(
         "historical_result_sha256": prepared["historical_result_sha256"],
         "start_message_uuid": prepared["start_message_uuid"],
         "end_message_uuid": prepared["end_message_uuid"],
-        "request": request,
+        "request": resolved.request,
+        # One turn each, in order: the first starts the candidate's session, the next resume it.
+        "requests": resolved.requests,
         "timeout_seconds": plan.configuration["timeout_seconds"],
         "verify_command": plan.configuration["verify_command"],
         "test_paths": planning.effective_test_paths(plan.configuration),
         "evaluator": plan.evaluator,
-        # What the agent knows before the request: the request alone, for now.
-        "context": "cold",
+        # What the agent knows before the request (replays.context), and why.
+        "context": mode,
+        "context_reason": resolved.context.get(model, {}).get("reason", ""),
+        # The digest's preamble, which the first turn's request file starts with.
+        "preamble": resolved.digest if mode == context.DIGEST else "",
+        # A fork cuts the transcript the approval saw (the coordinator checks it still is).
+        "transcript_sha256": prepared["transcript_sha256"],
         "prepared_configuration_sha256": prepared["prepared_configuration_sha256"][model],
         # What was rebuilt from the transcript (the report says so), {} when nothing was.
         "rebuilt": prepared.get("rebuilt") or {},
@@ -220,9 +235,7 @@ def _create_batch(
             ):
                 thread, resolved = current[item["thread_id"]]
                 for model in configuration["models"]:
-                    config = run_configuration(
-                        plan, prepared, item, model, thread, resolved.request
-                    )
+                    config = run_configuration(plan, prepared, item, model, thread, resolved)
                     config["batch_id"] = batch.pk
                     runs.append(Run(batch=batch, thread=thread, model=model, configuration=config))
             # Membership is durable before anything starts: every run exists when the batch does.

@@ -25,7 +25,7 @@ import time
 import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from pathlib import Path
 from types import FrameType
@@ -35,11 +35,13 @@ from django.conf import settings
 from django.db import DatabaseError, close_old_connections, connections
 from django.utils import timezone
 
-from replays import access, agents, pricing, processes, repos, runfolder
+from replays import access, agents, context, pricing, processes, repos, runfolder
 from replays.agents.base import (
     Agent,
     AgentOutcome,
     AgentSetupError,
+    ForkedSession,
+    Invocation,
     RunContext,
     error_from_log,
     plain_text,
@@ -56,6 +58,7 @@ from replays.runfolder import (
     REQUEST_FILE,
     WORKSPACE,
 )
+from replays.transcripts.base import TokenUsage
 
 logger = logging.getLogger(__name__)
 
@@ -93,6 +96,59 @@ class _Result:
     outcome: AgentOutcome = field(default_factory=AgentOutcome)
     diff: str = ""
     files_changed: int = 0
+    turns: _Turns | None = None
+
+    @property
+    def turn_records(self) -> list[dict[str, Any]]:
+        return self.turns.records if self.turns is not None else []
+
+
+class _Turns:
+    """The turns of one run as they end: each one's own figures (Run.turns), and their sum."""
+
+    def __init__(self, *, several: bool) -> None:
+        self.several = several
+        self.records: list[dict[str, Any]] = []
+        self.outcomes: list[AgentOutcome] = []
+
+    def add(self, outcome: AgentOutcome, *, ending: str, seconds: float, session: str) -> None:
+        self.outcomes.append(outcome)
+        self.records.append(
+            {
+                "turn": len(self.records) + 1,
+                "ending": ending if ending in ("timeout", "cancelled") else "exited",
+                "exit_code": int(ending) if ending not in ("timeout", "cancelled") else None,
+                "seconds": seconds,
+                "model_seconds": outcome.model_seconds,
+                "cost_usd": None if outcome.cost_usd is None else str(_rounded(outcome.cost_usd)),
+                "tokens": outcome.usage.as_dict(),
+                "session_id": session,
+                "failed": outcome.failed,
+            }
+        )
+
+    def diff_after(self, diff: str) -> None:
+        """The tree's diff once the latest turn ended (several turns only: one turn's is the
+        run's own)."""
+        self.records[-1]["diff"] = diff
+        self.records[-1]["files_changed"] = len(repos.changed_files(diff))
+
+    def total(self) -> AgentOutcome:
+        """The run's outcome: usage, cost and model time summed (a cost unknown for one turn
+        is unknown for the run), the last turn's message and error."""
+        if not self.outcomes:
+            return AgentOutcome()
+        last = self.outcomes[-1]
+        costs = [outcome.cost_usd for outcome in self.outcomes]
+        seconds = [o.model_seconds for o in self.outcomes if o.model_seconds is not None]
+        return AgentOutcome(
+            final_message=last.final_message,
+            usage=sum((o.usage for o in self.outcomes), TokenUsage()),
+            cost_usd=None if None in costs else sum(costs, Decimal(0)),  # type: ignore[arg-type]
+            model_seconds=round(sum(seconds), 3) if seconds else None,
+            error=last.error,
+            failed=last.failed,
+        )
 
 
 def run_member(*, run_id: int) -> str:
@@ -202,8 +258,18 @@ class _Member:
             )
         adapter = agents.adapter_for(info.id)
         self.adapter = adapter
-        self._write_run_folder()
-        context = RunContext(
+        # A baseline is one process whatever the range; an agent gets one turn per request.
+        requests = [str(self.configuration.get("request", ""))]
+        if not info.is_baseline and self.configuration.get("requests"):
+            requests = [str(text) for text in self.configuration["requests"]]
+        preamble = str(self.configuration.get("preamble") or "")
+        self._write_run_folder(context.with_preamble(preamble, requests[0]))
+        self.repo = Path(self.configuration["repository"])
+        if not access.under_roots(self.repo):
+            # Checked at prepare and approval too; the roots may have changed since.
+            raise AgentSetupError(f"The repository {self.repo} {access.OUTSIDE_ROOTS}.")
+        baseline = self.configuration["baseline_commit"]
+        first = RunContext(
             run_id=self.run.pk,
             model=info.model,
             configuration=self.configuration,
@@ -211,48 +277,67 @@ class _Member:
             workspace=self.workspace,
             request_file=self.run_dir / REQUEST_FILE,
             log_path=self.log_path,
+            turns=len(requests),
         )
-        self.repo = Path(self.configuration["repository"])
-        if not access.under_roots(self.repo):
-            # Checked at prepare and approval too; the roots may have changed since.
-            raise AgentSetupError(f"The repository {self.repo} {access.OUTSIDE_ROOTS}.")
-        baseline = self.configuration["baseline_commit"]
         with _heartbeat_in_background(self.run.pk):
-            invocation = adapter.invocation(context)
             # Set first: a worktree add that fails halfway still leaves something to remove.
             self.worktree_added = True
             repos.add_worktree(self.repo, self.workspace, baseline)
+            if not info.is_baseline:
+                first = replace(first, fork=self._fork())
+            invocation = adapter.invocation(first)
 
         self._update(phase=RunPhase.IMPLEMENTING)
         if self._cancel_requested():
             return _Result(RunStatus.CANCELLED)
         pause_point("coordinator_before_agent")
-        env = runfolder.agent_environment(invocation.env, run_id=self.run.pk)
         started = time.monotonic()
-        self.agent, self.agent_identity = processes.spawn(
-            invocation.argv,
-            cwd=self.workspace,
-            env=env,
-            log_path=self.log_path,
-            stdin_path=invocation.stdin_path,
-        )
-        # Recorded at once: a reconcile after a lost coordinator kills this tree.
-        self._update(
-            agent_pid=self.agent_identity.pid,
-            agent_pid_create_time=self.agent_identity.create_time,
-        )
-        ending = self._wait_for_agent(started)
+        deadline = started + self._timeout_seconds()
+        turns = _Turns(several=len(requests) > 1)
+        turn_context = first
+        ending = ""
+        for number, text in enumerate(requests, start=1):
+            if number > 1:
+                if self._cancel_requested():
+                    ending = "cancelled"
+                    break
+                session = turns.records[-1]["session_id"]
+                if adapter.keeps_session and not session:
+                    raise AgentSetupError(
+                        f"The agent did not say which session request 1 ran in: request "
+                        f"{number} cannot resume it."
+                    )
+                request_file = self.run_dir / f"request-{number}.md"
+                _write_private(request_file, text)
+                turn_context = replace(
+                    first, turn=number, request_file=request_file, resume_session=session
+                )
+                with _heartbeat_in_background(self.run.pk):
+                    invocation = adapter.invocation(turn_context)
+            if turns.several:
+                resuming = turn_context.resume_session
+                self._note(
+                    [f"Request {number} of {len(requests)}"
+                     + (f", resuming session {resuming}." if resuming else ".")]
+                )  # fmt: skip
+            turn_context = replace(turn_context, log_offset=_size(self.log_path))
+            ending, outcome, seconds = self._run_turn(adapter, turn_context, invocation, deadline)
+            turns.add(outcome, ending=ending, seconds=seconds, session=self._session(turn_context))
+            if turns.several:
+                turns.diff_after(self._tree_diff(baseline))
+            self._update(turns=turns.records)
+            if ending in ("cancelled", "timeout") or int(ending) != 0 or outcome.failed:
+                break
         wall_seconds = round(time.monotonic() - started, 3)
         try:
-            adapter.cleanup(context)
+            adapter.cleanup(first)
         except OSError as exc:
             self._note([f"Could not remove the agent's copied files: {_describe(exc)}"])
+        outcome = turns.total()
 
         if ending == "cancelled":
             return _Result(
-                RunStatus.CANCELLED,
-                wall_seconds=wall_seconds,
-                outcome=self._partial_outcome(adapter, context),
+                RunStatus.CANCELLED, wall_seconds=wall_seconds, outcome=outcome, turns=turns
             )
 
         self._update(phase=RunPhase.COLLECTING)
@@ -262,30 +347,114 @@ class _Member:
                 FailureCode.TIMEOUT,
                 f"The agent did not finish within {_duration(self._timeout_seconds())}.",
                 wall_seconds=wall_seconds,
-                outcome=self._partial_outcome(adapter, context),
+                outcome=outcome,
+                turns=turns,
             )
         else:
             exit_code = int(ending)
-            outcome = adapter.outcome(context, exit_code=exit_code)
-            self._note(outcome.notes)
             result = _Result(
-                RunStatus.COMPLETED, exit_code=exit_code, wall_seconds=wall_seconds, outcome=outcome
+                RunStatus.COMPLETED,
+                exit_code=exit_code,
+                wall_seconds=wall_seconds,
+                outcome=outcome,
+                turns=turns,
+            )
+            stopped = (
+                f" at request {len(turns.records)} of {len(requests)}" if turns.several else ""
             )
             if exit_code != 0:
                 result.status = RunStatus.FAILED
                 result.failure_code = FailureCode.AGENT_ERROR
                 words = outcome.error or error_from_log(self.log_path)
-                result.failure_message = f"The agent exited with code {exit_code}" + (
+                result.failure_message = f"The agent exited with code {exit_code}{stopped}" + (
                     f":\n{words}" if words else "."
                 )
             elif outcome.failed:
                 result.status = RunStatus.FAILED
                 result.failure_code = FailureCode.AGENT_ERROR
-                result.failure_message = outcome.error or "The agent reported an error."
+                result.failure_message = f"{outcome.error or 'The agent reported an error.'}" + (
+                    f"\n(It stopped{stopped}.)" if stopped else ""
+                )
         self._collect_diff(result, baseline)
         if result.status == RunStatus.COMPLETED:
             self._review(result)
         return result
+
+    def _run_turn(
+        self, adapter: Agent, turn: RunContext, invocation: Invocation, deadline: float
+    ) -> tuple[str, AgentOutcome, float]:
+        """One process: spawn it, wait (the run's one deadline), and read what it did: how
+        it ended, its outcome, its seconds. A stopped agent's outcome keeps only what it
+        spent (its usage, cost, model time)."""
+        env = runfolder.agent_environment(invocation.env, run_id=self.run.pk)
+        started = time.monotonic()
+        self.agent_finished = False
+        self.agent, self.agent_identity = processes.spawn(
+            invocation.argv,
+            cwd=turn.fork.cwd if turn.fork is not None else self.workspace,
+            env=env,
+            log_path=self.log_path,
+            stdin_path=invocation.stdin_path,
+        )
+        # Recorded at once: a reconcile after a lost coordinator kills this tree.
+        self._update(
+            agent_pid=self.agent_identity.pid,
+            agent_pid_create_time=self.agent_identity.create_time,
+        )
+        ending = self._wait_for_agent(deadline)
+        seconds = round(time.monotonic() - started, 3)
+        if ending in ("cancelled", "timeout"):
+            return ending, self._partial_outcome(adapter, turn), seconds
+        outcome = adapter.outcome(turn, exit_code=int(ending))
+        self._note(outcome.notes)
+        return ending, outcome, seconds
+
+    def _session(self, turn: RunContext) -> str:
+        """The session a finished turn ran in ("" when the agent keeps none or did not say)."""
+        assert self.adapter is not None
+        if not self.adapter.keeps_session:
+            return ""
+        try:
+            return self.adapter.session_id(turn)
+        except OSError as exc:
+            self._note([f"The agent's session could not be read from its log: {_describe(exc)}"])
+            return ""
+
+    def _fork(self) -> ForkedSession | None:
+        """The historical session cut before the range, for a run whose context is fork."""
+        if self.configuration.get("context") != context.FORK:
+            return None
+        run = Run.objects.select_related("thread").get(pk=self.run.pk)
+        thread = run.thread
+        if context.transcript_digest(thread) != self.configuration.get("transcript_sha256"):
+            raise AgentSetupError(
+                f"The transcript of thread {thread.pk} changed since approval: the session "
+                "cannot be forked as approved."
+            )
+        first = thread.turns.filter(message_uuid=self.configuration["start_message_uuid"]).first()
+        if first is None:
+            raise AgentSetupError("The range's first request is no longer in the thread.")
+        assert self.repo is not None
+        try:
+            return context.fork_session(
+                thread, first, workspace=self.workspace, repository=self.repo
+            )
+        except context.CannotFork as exc:
+            raise AgentSetupError(f"The historical session cannot be forked: {exc}") from None
+
+    def _tree_diff(self, baseline: str) -> str:
+        """The worktree's diff after a turn (bounded like the run's own)."""
+        assert self.repo is not None
+        try:
+            with _heartbeat_in_background(self.run.pk):
+                diff = repos.workspace_diff(self.repo, self.workspace, baseline)
+        except repos.GitError as exc:
+            self._note([f"The diff after this request could not be taken: {_describe(exc)}"])
+            return ""
+        limit = settings.REPLAYS_MAX_DIFF_BYTES
+        if len(diff.encode("utf-8", errors="surrogateescape")) > limit:
+            diff = diff[:limit] + f"\n[replays] The diff is larger than {limit:,} bytes.\n"
+        return _storable(diff)
 
     def _review(self, result: _Result) -> None:
         """Test the run's tree, then judge it against history (phase `reviewing`).
@@ -304,6 +473,7 @@ class _Member:
             wall_seconds=result.wall_seconds,
             model_seconds=outcome.model_seconds,
             cost_usd=_rounded(outcome.cost_usd),
+            turns=result.turn_records,
             **outcome.usage.as_dict(),
         )
         try:
@@ -353,11 +523,11 @@ class _Member:
         if self._heartbeat():
             raise CancelledWhileReviewing()
 
-    def _partial_outcome(self, adapter: Agent, context: RunContext) -> AgentOutcome:
+    def _partial_outcome(self, adapter: Agent, turn: RunContext) -> AgentOutcome:
         """What a stopped agent used before it was stopped (its tokens were spent anyway);
         only usage, cost and model time count, the stopped run keeps its own status."""
         try:
-            outcome = adapter.outcome(context, exit_code=-1)
+            outcome = adapter.outcome(turn, exit_code=-1)
         except Exception as exc:  # a half-written log must not hide why the run stopped
             self._note([f"Usage of the stopped agent could not be read: {_describe(exc)}"])
             return AgentOutcome()
@@ -365,7 +535,9 @@ class _Member:
             usage=outcome.usage, cost_usd=outcome.cost_usd, model_seconds=outcome.model_seconds
         )
 
-    def _write_run_folder(self) -> None:
+    def _write_run_folder(self, first_request: str) -> None:
+        """The approved configuration and the first turn's request (later turns' requests
+        are written as they start: request-2.md, ...)."""
         try:
             runfolder.create_run_folder(self.run.pk)
         except runfolder.UnsafeRunFolder as exc:
@@ -376,16 +548,16 @@ class _Member:
             self.run_dir / CONFIGURATION_FILE,
             json.dumps(configuration, indent=2, ensure_ascii=False) + "\n",
         )
-        _write_private(self.run_dir / REQUEST_FILE, str(self.configuration.get("request", "")))
+        _write_private(self.run_dir / REQUEST_FILE, first_request)
 
-    def _wait_for_agent(self, started: float) -> str:
-        """Poll the agent until it ends; heartbeat and check for cancel when due.
+    def _wait_for_agent(self, deadline: float) -> str:
+        """Poll the agent until it ends or the run's deadline passes; heartbeat and check
+        for cancel when due.
 
         Returns the exit code as text, "timeout" or "cancelled".
         """
         assert self.agent is not None and self.agent_identity is not None
         heartbeat_every = float(settings.REPLAYS_HEARTBEAT_SECONDS)
-        deadline = started + self._timeout_seconds()
         next_heartbeat = time.monotonic() + heartbeat_every
         paused = False
         while True:
@@ -474,6 +646,8 @@ class _Member:
             "log_tail": self._log_tail(),
             **outcome.usage.as_dict(),
         }
+        if result.turns is not None:
+            values["turns"] = result.turn_records
         for attempt in range(1, FINAL_WRITE_ATTEMPTS + 1):
             try:
                 written = Run.objects.filter(pk=self.run.pk, status=RunStatus.RUNNING).update(
@@ -643,6 +817,13 @@ def _storable(diff: str) -> str:
         return diff
     except UnicodeEncodeError:
         return diff.encode("utf-8", errors="surrogateescape").decode("utf-8", errors="replace")
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
 
 
 def _rounded(cost: Decimal | None) -> Decimal | None:

@@ -144,6 +144,20 @@ class ReplayForm(forms.Form):
         "why). Default: decided by prepare, shown before you approve.",
     )
 
+    context = forms.ChoiceField(
+        label="Context",
+        required=False,
+        choices=[
+            ("", "Default (decided per model by prepare)"),
+            ("cold", "Cold: the request alone"),
+            ("digest", "Digest: the earlier requests and answers, then the request"),
+            ("fork", "Fork: the historical session, resumed by the model's own agent"),
+        ],
+        help_text="What each model knows before the first request of the range. Default: "
+        "cold for the thread's first request; for a later one, fork when the model's agent "
+        "is the thread's own tool, else digest. The plan shows each model's context.",
+    )
+
     def __init__(
         self,
         *args: Any,
@@ -211,6 +225,7 @@ class ReplayForm(forms.Form):
             "timeout_seconds": data["timeout_minutes"] * 60,
             "verify_command": data["verify_command"] or None,
             "evaluator": data["evaluator"] or None,
+            "context": data["context"] or None,
         }
 
 

@@ -352,6 +352,7 @@ def _turn_row(turn: ParsedTurn, table: pricing.PriceTable) -> Turn:
         model_seconds=turn.model_seconds,
         last_answer_at=turn.last_answer_at,
         evidence=turn.evidence.as_json(),
+        final_answer=turn.final_answer,
     )
 
 

@@ -211,6 +211,9 @@ class Turn(TokenTotals):
     # What the agent's tool calls saw and changed, in order (transcripts.base.Evidence):
     # {"items": [...], "cut"?, "recorded_commit"?}; {} for turns imported before it was kept.
     evidence = models.JSONField(default=dict, blank=True)
+    # The agent's last text of the turn (bounded at import, transcripts.base.MAX_FINAL_ANSWER_CHARS),
+    # for the `digest` context of later requests; "" when none was recorded.
+    final_answer = models.TextField(blank=True, default="")
 
     class Meta:
         ordering = ["thread", "index"]
@@ -413,6 +416,10 @@ class Run(TokenTotals):
     # The verify command's outcome on the run's own tree (checks.TreeTests), taken before
     # the worktree is removed, so the run can be judged again without it.
     tree_tests = models.JSONField(null=True, blank=True)
+    # One entry per request of the range, in order (a range is replayed turn by turn):
+    # {"turn", "exit_code", "seconds", "model_seconds", "cost_usd", "tokens", "session_id",
+    # "files_changed", "diff" (the tree's diff after that turn; several turns only)}.
+    turns = models.JSONField(default=list, blank=True)
 
     objects = RunQuerySet.as_manager()
 
@@ -724,3 +731,51 @@ class Report(models.Model):
 
     def __str__(self) -> str:
         return f"Report {self.pk} of run {self.run_id} ({self.get_status_display()})"
+
+
+class Transcript(models.Model):
+    """A thread's transcript file as it was imported, compressed, in the database: prepare,
+    approval and a fork read it on any machine (an upload lands on one web machine only,
+    and a source file may be gone or changed since). One row per thread, kept apart from
+    Thread so that lists of threads never load it."""
+
+    thread = models.OneToOneField(Thread, on_delete=models.CASCADE, related_name="transcript")
+    # How `data` is compressed ("zlib", ...): replays.transcripts.store reads it.
+    codec = models.CharField(max_length=20)
+    data = models.BinaryField()
+    # The uncompressed file: its size and sha256 (Thread.source_sha256 when imported).
+    size = models.BigIntegerField()
+    sha256 = models.CharField(max_length=SHA256_LENGTH)
+    stored_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(condition=Q(size__gte=0), name="transcript_size_gte_0"),
+        ]
+
+    def __str__(self) -> str:
+        return f"Transcript of thread {self.thread_id} ({self.size:,} bytes)"
+
+
+class Host(models.Model):
+    """One machine's django-q2 cluster (REPLAYS_HOST_NAME), as it last reported itself:
+    the doctor and the pages read these. Written by the cluster at start and on its own
+    schedule; `last_seen_at` is the database's clock, `clock_at` the host's own clock at
+    the same write, so their difference is the host's clock skew."""
+
+    name = models.CharField(max_length=255, unique=True)
+    first_seen_at = models.DateTimeField(default=timezone.now)
+    last_seen_at = models.DateTimeField()
+    clock_at = models.DateTimeField()
+    # REPLAYS_MAX_RUNS_PER_HOST on that host.
+    capacity = models.PositiveIntegerField(default=0)
+    # {"codex": "0.169.0", "claude": "2.1.1"} or {"codex": {"error": "..."}} per agent binary.
+    agent_versions = models.JSONField(default=dict, blank=True)
+    # What else the host said about itself: run root, repository roots, pid, versions.
+    details = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name

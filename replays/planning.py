@@ -22,9 +22,8 @@ from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.utils import timezone
 
-from replays import access, agents, evidence, repos
+from replays import access, agents, context, evidence, repos
 from replays.evaluation import checks, evaluators
-from replays.importing import file_sha256
 from replays.models import (
     MAX_MODELS_PER_PLAN,
     MAX_THREADS_PER_PLAN,
@@ -125,9 +124,24 @@ class ThreadPreparation:
     # What was rebuilt from the transcript: {"baseline"?: {...}, "ending"?: {...}}, each
     # evidence.Rebuilt.as_dict() (commit, base, repository, files, edits, unsure).
     rebuilt: dict[str, Any] = field(default_factory=dict)
+    # Each request of the range, one turn each (a replaced request is one turn).
+    requests: list[str] = field(default_factory=list)
+    # What each model knows before the request: {model: {"mode", "reason"}}.
+    context: dict[str, dict[str, str]] = field(default_factory=dict)
+    # The `digest` preamble when a model runs with it ("" otherwise); kept as its sha256.
+    digest: str = ""
+
+    @property
+    def digest_sha256(self) -> str:
+        return context.text_sha256(self.digest) if self.digest else ""
+
+    def mode_of(self, model: str) -> str:
+        return self.context.get(model, {}).get("mode", context.COLD)
 
     def protected_inputs(self) -> dict[str, Any]:
         return {
+            "context": {model: item["mode"] for model, item in self.context.items()},
+            "digest_sha256": self.digest_sha256,
             "rebuilt": self.rebuilt,
             "repository": self.repository,
             "baseline_commit": self.baseline_commit,
@@ -157,6 +171,8 @@ class ThreadPreparation:
             "start_message_uuid": self.start_message_uuid,
             "end_message_uuid": self.end_message_uuid,
             "rebuilt": self.rebuilt,
+            "context": self.context,
+            "digest_sha256": self.digest_sha256,
             "blockers": self.blockers,
             "questions": self.questions,
         }
@@ -265,6 +281,7 @@ def normalise_configuration(raw: Any) -> dict[str, Any]:
         "verify_command",
         "evaluator",
         "test_paths",
+        "context",
     }
     if unknown:
         raise PlanInputError(
@@ -317,14 +334,23 @@ def normalise_configuration(raw: Any) -> dict[str, Any]:
                 f"verify_command cannot be split into words: {exc}.",
                 details={"field": "verify_command"},
             ) from None
-    return {
+    models = normalise_models(raw.get("models"))
+    normalised = {
         "configurations": configurations,
-        "models": normalise_models(raw.get("models")),
+        "models": models,
         "timeout_seconds": timeout,
         "verify_command": verify,
         "evaluator": normalise_evaluator(raw.get("evaluator")),
         "test_paths": normalise_test_paths(raw.get("test_paths")),
     }
+    try:
+        modes = context.normalise_context(raw.get("context"), models)
+    except context.ContextError as exc:
+        raise PlanInputError(str(exc), details={"field": "context"}) from None
+    if modes is not None:
+        # Absent means the default for every model (and keeps older fingerprints).
+        normalised["context"] = modes
+    return normalised
 
 
 def normalise_evaluator(raw: Any) -> str | None:
@@ -452,11 +478,7 @@ def _range(thread: Thread, item: dict[str, Any]) -> tuple[list[Turn], Turn | Non
     return selected, following
 
 
-def transcript_digest(thread: Thread) -> str:
-    """The transcript as imported, and the file as it is now (if it is still there)."""
-    path = Path(thread.source_path)
-    current = file_sha256(path) if path.is_file() else "missing"
-    return hashlib.sha256(f"{thread.source_sha256}:{current}".encode()).hexdigest()
+transcript_digest = context.transcript_digest
 
 
 def verify_command_files(repository: Path, command: str | None) -> dict[str, str]:
@@ -515,6 +537,7 @@ def resolve_thread(
         start_message_uuid=selected[0].message_uuid,
         end_message_uuid=selected[-1].message_uuid,
         request=item["request"] or REQUEST_SEPARATOR.join(turn.request for turn in selected),
+        requests=[item["request"]] if item["request"] else [turn.request for turn in selected],
         transcript_sha256=transcript_sha256 or transcript_digest(thread),
     )
     if not prep.request.strip():
@@ -886,12 +909,36 @@ def _next_session_start(thread: Thread) -> Any:
     )
 
 
+def resolve_thread_context(
+    prep: ThreadPreparation, thread: Thread, configuration: dict[str, Any]
+) -> None:
+    """What each model knows before the range (replays.context): the resolved mode and why,
+    a blocker for a fork that cannot be done, and the digest when a model uses it."""
+    first = thread.turns.filter(message_uuid=prep.start_message_uuid).first()
+    if first is None:
+        return
+    resolved = context.resolve_modes(
+        thread, first, configuration["models"], configuration.get("context")
+    )
+    prep.context = {model: item.as_dict() for model, item in resolved.items()}
+    prep.blockers += [item.blocker for item in resolved.values() if item.blocker]
+    if any(item.mode == context.DIGEST for item in resolved.values()):
+        prep.digest = context.digest_preamble(thread, first.index)
+
+
 def prepared_configuration_sha256(
     prep: ThreadPreparation, model: str, configuration: dict[str, Any], evaluator: str
 ) -> str:
+    mode = prep.mode_of(model)
     return fingerprint(
         {
             "model": model,
+            "context": mode,
+            # What the context is made of: the digest's text, the transcript a fork cuts.
+            "context_sha256": {
+                context.DIGEST: prep.digest_sha256,
+                context.FORK: prep.transcript_sha256,
+            }.get(mode, ""),
             "thread_id": prep.thread_id,
             "repository": prep.repository,
             "baseline_commit": prep.baseline_commit,
@@ -934,6 +981,7 @@ def prepare_thread(
         )
         if first is None:
             first = prep
+            resolve_thread_context(first, thread, configuration)
         elif not (prep.blockers or prep.questions or first.blockers or first.questions):
             if prep.baseline_commit != first.baseline_commit:
                 raise PrepareConflict(

@@ -178,6 +178,8 @@ def test_command_placeholders_are_replaced_inside_each_argument(tmp_path: Path) 
         "AIDER_HOME": f"{run.run_dir}/home",
         "PLAIN": "{x}",
         "REPLAYS_USAGE_FILE": str(run.run_dir / "usage.json"),
+        "REPLAYS_TURN": "1",
+        "REPLAYS_TURNS": "1",
     }
     assert invocation.stdin_path is None
 

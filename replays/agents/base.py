@@ -20,7 +20,7 @@ import shutil
 import stat
 import subprocess
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path, PurePosixPath
@@ -46,16 +46,45 @@ class AgentSetupError(Exception):
 
 
 @dataclass(frozen=True)
+class ForkedSession:
+    """The historical session cut just before the range (replays.context makes it), for
+    the run's own CLI to fork: the copy goes into the run's own home under the name the
+    CLI looks for, and the agent runs in `cwd`, the thread's folder in the worktree."""
+
+    tool: str  # the thread's tool: "claude_code" or "codex"
+    session_id: str  # the id the CLI resumes (the historical session's own)
+    text: str  # the cut transcript, the thread's folder rewritten to the worktree
+    file_name: str  # "<session>.jsonl" (Claude Code), "rollout-...-<session>.jsonl" (Codex)
+    cwd: Path
+    day_folder: str = ""  # Codex: the copy goes in sessions/YYYY/MM/DD
+    # Codex: the thread's token totals at the cut (input including cached), as Codex wrote
+    # them; a forked thread's turn.completed counts on from them.
+    base_usage: Mapping[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class RunContext:
-    """What an adapter knows about the run it is asked to start."""
+    """What an adapter knows about the run (and the turn of it) it is asked to start.
+
+    A range of several requests runs turn by turn: turn 1 starts the candidate's session
+    (or forks the historical one), each later turn resumes the session turn 1 made.
+    """
 
     run_id: int
     model: str  # the model as the agent names it ("gpt-5"); "" for the baselines
     configuration: Mapping[str, Any]  # the exact approved Run.configuration
     run_dir: Path
     workspace: Path
-    request_file: Path
+    request_file: Path  # this turn's request
     log_path: Path
+    turn: int = 1  # 1-based
+    turns: int = 1
+    # Turn 2 on: the candidate's own session, as session_id() read it after turn 1.
+    resume_session: str = ""
+    # The historical session to fork at turn 1 (None: the run starts a new session).
+    fork: ForkedSession | None = None
+    # Where this turn's output starts in the log (earlier turns wrote what comes before).
+    log_offset: int = 0
 
 
 @dataclass(frozen=True)
@@ -126,6 +155,9 @@ class Agent(ABC):
     # Agents that can also act as an evaluator (judge mode) say so and implement
     # judge_invocation and judge_answer.
     can_judge: ClassVar[bool] = False
+    # Agents whose turns go on in one session (session_id() says which, the next turn's
+    # invocation resumes it); the others run each turn as a process of its own.
+    keeps_session: ClassVar[bool] = False
 
     @abstractmethod
     def invocation(self, context: RunContext) -> Invocation:
@@ -133,7 +165,13 @@ class Agent(ABC):
 
     @abstractmethod
     def outcome(self, context: RunContext, *, exit_code: int) -> AgentOutcome:
-        """Parse what the finished process left behind (log, files in the run folder)."""
+        """Parse what the finished process left behind (this turn's part of the log, files
+        in the run folder): this turn's own usage, cost and model time."""
+
+    def session_id(self, context: RunContext) -> str:
+        """The session this turn ran in, which the next turn resumes ("" when the agent
+        keeps none: each turn is then a process of its own)."""
+        return ""
 
     def cleanup(self, context: RunContext) -> None:  # noqa: B027 (most agents copy nothing)
         """Remove what must not outlive the agent's process (copied credentials)."""
@@ -155,6 +193,14 @@ class Agent(ABC):
 
     def judge_cleanup(self, task: JudgeTask) -> None:  # noqa: B027 (most copy nothing)
         """Remove what must not outlive the judge process (copied credentials)."""
+
+
+def log_lines(context: RunContext) -> Iterator[str]:
+    """This turn's lines of the log (from context.log_offset); OSError when it cannot be read."""
+    with context.log_path.open("rb") as log:
+        log.seek(context.log_offset)
+        for raw in log:
+            yield raw.decode("utf-8", errors="replace")
 
 
 def error_from_log(path: Path) -> str:

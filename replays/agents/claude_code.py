@@ -20,6 +20,12 @@ echo, ls, sleep, redirections into the worktree; not python) and refuses the res
 "bypassPermissions" lets it run anything (as root Claude then needs IS_SANDBOX=1,
 which is set unless the entry's env says otherwise).
 
+Sessions (the `fork` context and ranges turn by turn): a fork's first turn adds `--resume
+SESSION --fork-session`, the cut historical transcript copied first to
+`claude-home/.claude/projects/<slug of the folder claude runs in>/SESSION.jsonl` (Claude
+looks there, by the file's name); each later turn of a range adds `--resume ID`, the
+session the first turn's result line named. Each result line counts its own process.
+
 With stream-json Claude writes one JSON event a line on stdout; the run's log also
 holds its stderr, so lines that are not JSON are kept as plain text. The last event
 is `result`: the final text, is_error, the main conversation's usage (sub-agents appear
@@ -45,6 +51,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -69,6 +76,7 @@ from replays.agents.base import (
     json_event,
     judge_answer_from,
     judge_context,
+    log_lines,
     plain_text,
     program_unavailable_reason,
     program_version,
@@ -78,6 +86,7 @@ from replays.agents.base import (
     render_event_stream,
     seed_files_unavailable_reason,
     task_json,
+    write_private,
 )
 from replays.transcripts.base import TokenUsage, TranscriptError
 from replays.transcripts.claude_code import anthropic_usage, parse_claude_code
@@ -100,6 +109,12 @@ _OWN_FLAGS = {
     "--permission-mode": "use 'permission_mode'",
     "--max-turns": "use 'max_turns'",
     "--max-budget-usd": "use 'max_budget_usd'",
+    "--resume": "the run resumes the sessions its context and turns need",
+    "-r": "the run resumes the sessions its context and turns need",
+    "--continue": "the run resumes the sessions its context and turns need",
+    "-c": "the run resumes the sessions its context and turns need",
+    "--fork-session": "the run forks the historical session when its context is fork",
+    "--session-id": "each turn's session is Claude's own (or the one it resumes)",
 }
 # Flags of 'args' that would hand an evaluator tools or another schema: judge mode
 # offers it StructuredOutput alone (repeated, --tools adds to the list instead of replacing it).
@@ -115,6 +130,8 @@ _OWN_ENV = {
     "HOME": "each run gets its own HOME (copy what it needs with 'seed_files')",
     "CLAUDE_CONFIG_DIR": "each run gets its own (copy what it needs with 'seed_files')",
 }
+# Claude Code names a project folder after its path; a longer name is cut and hashed.
+_CLAUDE_SLUG_CHARS = 200
 # What the log tail shows of a tool's output, of an assistant message, and of any line.
 OUTPUT_LINES = 5
 MESSAGE_LINES = 12
@@ -142,6 +159,7 @@ _ONE_ARGUMENT_TOOLS = {
 class ClaudeCodeAgent(ConfiguredAgent):
     kind: ClassVar[str] = "claude_code"
     can_judge: ClassVar[bool] = True
+    keeps_session: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -236,7 +254,36 @@ class ClaudeCodeAgent(ConfiguredAgent):
         flags = ["--permission-mode", self.permission_mode]
         if self.max_turns is not None:
             flags += ["--max-turns", str(self.max_turns)]
-        return self._print(context, flags + self._budget(), mode=self.permission_mode)
+        invocation = self._print(context, flags + self._budget(), mode=self.permission_mode)
+        if context.resume_session:
+            # A later turn of the range: the session turn 1 made goes on.
+            invocation.argv.extend(["--resume", _session_argument(context.resume_session)])
+        elif context.fork is not None:
+            self._place_fork(context)
+            invocation.argv.extend(
+                ["--resume", _session_argument(context.fork.session_id), "--fork-session"]
+            )
+        return invocation
+
+    def _place_fork(self, context: RunContext) -> None:
+        """Copy the cut historical session where `claude --resume` looks for it: the run's
+        own config folder, projects/<slug of the folder claude runs in>/<session>.jsonl."""
+        fork = context.fork
+        assert fork is not None
+        if fork.tool != "claude_code":
+            raise AgentSetupError(f"Claude Code cannot fork a {fork.tool} session.")
+        # Claude names the folder after the path it runs in, links resolved.
+        slug = claude_project_slug(fork.cwd.resolve())
+        target = context.run_dir / HOME_DIR / CONFIG_DIR / "projects" / slug / fork.file_name
+        try:
+            write_private(target, fork.text.encode("utf-8", errors="surrogateescape"))
+        except OSError as exc:
+            raise AgentSetupError(
+                f"The historical session cannot be copied for the fork: {exc.strerror or exc}"
+            ) from None
+
+    def session_id(self, context: RunContext) -> str:
+        return self._read_log(context, exit_code=0)[1].session_id
 
     def _budget(self) -> list[str]:
         return [] if self.max_budget_usd is None else ["--max-budget-usd", str(self.max_budget_usd)]
@@ -296,9 +343,8 @@ class ClaudeCodeAgent(ConfiguredAgent):
         """The outcome, and the stream it was read from (judge mode reads its answer there)."""
         summary = StreamSummary()
         try:
-            with context.log_path.open(encoding="utf-8", errors="replace") as log:
-                for event in _events(log):
-                    summary.add(event)
+            for event in _events(log_lines(context)):
+                summary.add(event)
         except OSError as exc:
             failed = AgentOutcome(error=f"The agent's log could not be read: {exc}", failed=True)
             return failed, summary
@@ -317,6 +363,11 @@ class ClaudeCodeAgent(ConfiguredAgent):
             failed=True,
             error="Claude Code ended without a result." + (f"\n{tail}" if tail else ""),
         )
+        if context.fork is not None or context.resume_session:
+            # That transcript also holds the earlier turns (the history, the run's own):
+            # its sums are not this turn's.
+            outcome.notes.append("Claude Code reported no usage: tokens and cost are unknown.")
+            return outcome
         transcript = find_transcript(context.run_dir / HOME_DIR, summary.session_id)
         if transcript is None:
             outcome.notes.append("Claude Code reported no usage: tokens and cost are unknown.")
@@ -368,6 +419,13 @@ class ClaudeCodeAgent(ConfiguredAgent):
 
     def judge_cleanup(self, task: JudgeTask) -> None:
         self.cleanup(judge_context(task, self.model))
+
+
+def _session_argument(session_id: str) -> str:
+    """A session id as the value of --resume (never an option of claude)."""
+    if not session_id or session_id.startswith("-") or any(c.isspace() for c in session_id):
+        raise AgentSetupError(f"{session_id[:60]!r} is not a session Claude Code can resume.")
+    return session_id
 
 
 def judge_conflict(args: list[str]) -> str:
@@ -521,6 +579,36 @@ def find_transcript(home: Path, session_id: str) -> Path | None:
     except OSError:
         return None
     return found[0] if len(found) == 1 else None
+
+
+def claude_project_slug(folder: Path | str) -> str:
+    """The folder Claude Code (2.1.197) keeps a project's sessions in, under projects/:
+    every character that is not a letter or digit becomes '-'; a name longer than 200 is
+    cut there and ends with '-' and a hash of the path (base 36, as Claude computes it)."""
+    path = str(folder)
+    slug = re.sub(r"[^a-zA-Z0-9]", "-", path)
+    if len(slug) <= _CLAUDE_SLUG_CHARS:
+        return slug
+    return f"{slug[:_CLAUDE_SLUG_CHARS]}-{_base36(abs(_java_hash(path)))}"
+
+
+def _java_hash(text: str) -> int:
+    """JavaScript's `(h << 5) - h + charCode | 0` over UTF-16 code units."""
+    value = 0
+    units = text.encode("utf-16-le", errors="surrogatepass")
+    for index in range(0, len(units), 2):
+        value = (value * 31 + int.from_bytes(units[index : index + 2], "little")) & 0xFFFFFFFF
+    return value - 2**32 if value >= 2**31 else value
+
+
+def _base36(number: int) -> str:
+    digits = "0123456789abcdefghijklmnopqrstuvwxyz"
+    text = ""
+    while True:
+        number, rest = divmod(number, 36)
+        text = digits[rest] + text
+        if not number:
+            return text
 
 
 # --- the log, readable --------------------------------------------------------------------

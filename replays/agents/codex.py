@@ -12,6 +12,13 @@ run gets its own CODEX_HOME in the run folder, holding only the seed files and
 config.toml given here: runs never read or add to the user's own sessions, and
 the session file Codex writes (CODEX_HOME/sessions/...) stays with the run.
 
+Sessions (the `fork` context and ranges turn by turn): a fork's first turn is `binary exec
+... -m MODEL fork SESSION -`, the cut historical rollout copied first to
+CODEX_HOME/sessions/YYYY/MM/DD/rollout-...-SESSION.jsonl (Codex finds it by id), with -C
+the thread's folder in the worktree; each later turn of a range is `... resume THREAD -`,
+the thread the first turn's `thread.started` named. turn.completed counts the whole
+thread (a fork's history too): a turn's usage is what it added to the totals before it.
+
 With --json Codex writes one JSON event a line on stdout; the run's log also holds
 its stderr, so lines that are not JSON are kept as plain text. The last
 turn.completed carries the thread's cumulative usage (input includes cached
@@ -54,6 +61,7 @@ from replays.agents.base import (
     json_event,
     judge_answer_from,
     judge_context,
+    log_lines,
     plain_text,
     program_unavailable_reason,
     program_version,
@@ -89,6 +97,7 @@ _SHELLS = frozenset({"bash", "sh", "zsh", "dash"})
 class CodexAgent(ConfiguredAgent):
     kind: ClassVar[str] = "codex"
     can_judge: ClassVar[bool] = True
+    keeps_session: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -161,30 +170,64 @@ class CodexAgent(ConfiguredAgent):
     # --- one run --------------------------------------------------------------------
 
     def invocation(self, context: RunContext) -> Invocation:
-        return self._exec(context, sandbox=self.sandbox)
+        if context.resume_session:
+            # A later turn of the range: the thread turn 1 made goes on.
+            session = ["resume", _session_argument(context.resume_session)]
+        elif context.fork is not None:
+            self._place_fork(context)
+            session = ["fork", _session_argument(context.fork.session_id)]
+        else:
+            session = []
+        return self._exec(context, sandbox=self.sandbox, session=session)
+
+    def _place_fork(self, context: RunContext) -> None:
+        """Copy the cut historical rollout where `codex exec fork` finds it by id: the run's
+        own CODEX_HOME/sessions/YYYY/MM/DD/rollout-...-<session>.jsonl."""
+        fork = context.fork
+        assert fork is not None
+        if fork.tool != "codex":
+            raise AgentSetupError(f"Codex cannot fork a {fork.tool} session.")
+        target = context.run_dir / CODEX_HOME_DIR / "sessions" / fork.day_folder / fork.file_name
+        try:
+            write_private(target, fork.text.encode("utf-8", errors="surrogateescape"))
+        except OSError as exc:
+            raise AgentSetupError(
+                f"The historical session cannot be copied for the fork: {exc.strerror or exc}"
+            ) from None
+
+    def session_id(self, context: RunContext) -> str:
+        return self._events(context).thread_id
 
     def _exec(
-        self, context: RunContext, *, sandbox: str, extra: list[str] | None = None
+        self,
+        context: RunContext,
+        *,
+        sandbox: str,
+        extra: list[str] | None = None,
+        session: list[str] | None = None,
     ) -> Invocation:
-        """`codex exec` in the context's workspace and own CODEX_HOME, the request on stdin."""
+        """`codex exec` in the context's workspace (a fork: the thread's folder in it) and own
+        CODEX_HOME, the request on stdin; `session` resumes or forks one (`resume ID`)."""
         if self.model.startswith("-"):
             # A model typed by hand must not turn into an option of codex.
             raise AgentSetupError(f"'{self.model}' is not a model name.")
         home = self.prepare_home(context.run_dir)
         binary = str(Path(self.binary).expanduser()) if os.sep in self.binary else self.binary
+        folder = context.fork.cwd if context.fork is not None else context.workspace
         argv = [
             binary,
             "exec",
             *self.args,
             "--json",
             "-C",
-            str(context.workspace),
+            str(folder),
             "-s",
             sandbox,
             "--skip-git-repo-check",
             "-m",
             self.model,
             *(extra or []),
+            *(session or []),
             "-",  # the prompt is stdin
         ]
         return Invocation(
@@ -205,14 +248,19 @@ class CodexAgent(ConfiguredAgent):
             write_private(home / CONFIG_TOML, self.config_toml.encode("utf-8"))
         return home
 
-    def outcome(self, context: RunContext, *, exit_code: int) -> AgentOutcome:
+    def _events(self, context: RunContext) -> EventSummary:
+        """This turn's events; OSError when the log cannot be read."""
         events = EventSummary()
+        for line in log_lines(context):
+            event = json_event(line)
+            if event is not None:
+                events.add(event)
+        return events
+
+    def outcome(self, context: RunContext, *, exit_code: int) -> AgentOutcome:
         try:
-            with context.log_path.open(encoding="utf-8", errors="replace") as log:
-                for line in log:
-                    event = json_event(line)
-                    if event is not None:
-                        events.add(event)
+            events = self._events(context)
+            before = _totals_before(context)
         except OSError as exc:
             return AgentOutcome(
                 error=f"The agent's log could not be read: {exc}",
@@ -220,10 +268,13 @@ class CodexAgent(ConfiguredAgent):
                 notes=[f"The agent's log could not be read: {exc}"],
             )
         outcome = AgentOutcome(final_message=events.final_message)
-        if events.usage is not None:
-            outcome.usage = events.usage
+        # turn.completed counts the whole thread (a fork's history, earlier turns):
+        # this turn's usage is what it added.
+        usage = _usage(_minus(events.totals, before)) if events.totals is not None else None
+        if usage is not None:
+            outcome.usage = usage
             table = pricing.load_price_table(settings.REPLAYS_PRICES_FILE)
-            outcome.cost_usd = pricing.cost_usd(self.model, events.usage, table)
+            outcome.cost_usd = pricing.cost_usd(self.model, usage, table)
         else:
             outcome.notes.append("Codex reported no token usage: tokens and cost are unknown.")
         outcome.failed = bool(events.failure)
@@ -273,6 +324,8 @@ class EventSummary:
     thread_id: str = ""
     final_message: str = ""
     usage: TokenUsage | None = None
+    # The last turn.completed usage as Codex wrote it (the thread's running totals).
+    totals: dict[str, Any] | None = None
     # Why the turn failed ("" while it did not): turn.failed, or an error it did not survive.
     failure: str = ""
     last_retry: str = ""
@@ -285,6 +338,7 @@ class EventSummary:
             usage = _usage(event.get("usage"))
             if usage is not None:
                 self.usage = usage
+                self.totals = dict(event["usage"])
             # Errors reported before the turn completed were survived.
             self.failure = ""
         elif kind == "turn.failed":
@@ -451,6 +505,36 @@ def readable_error(message: str) -> str:
             if isinstance(body.get("detail"), str):
                 return body["detail"]
     return message
+
+
+def _totals_before(context: RunContext) -> Mapping[str, Any]:
+    """The thread's totals before this turn: the last turn.completed of the earlier turns
+    in the log, else the forked history's totals (nothing for a new thread)."""
+    before: Mapping[str, Any] = context.fork.base_usage if context.fork is not None else {}
+    if context.log_offset:
+        with context.log_path.open("rb") as log:
+            for raw in log.read(context.log_offset).split(b"\n"):
+                event = json_event(raw.decode("utf-8", errors="replace"))
+                if event and event["type"] == "turn.completed" and _usage(event.get("usage")):
+                    before = event["usage"]
+    return before
+
+
+def _minus(totals: Mapping[str, Any], before: Mapping[str, Any]) -> dict[str, Any]:
+    """Running totals less those of before (a count that did not grow adds nothing)."""
+    result = dict(totals)
+    for key, value in totals.items():
+        earlier = before.get(key, 0)
+        if isinstance(value, int) and isinstance(earlier, int) and not isinstance(value, bool):
+            result[key] = max(0, value - earlier)
+    return result
+
+
+def _session_argument(session_id: str) -> str:
+    """A session id as the argument of `exec resume` / `exec fork` (never an option)."""
+    if not session_id or session_id.startswith("-") or any(c.isspace() for c in session_id):
+        raise AgentSetupError(f"{session_id[:60]!r} is not a session Codex can resume.")
+    return session_id
 
 
 def _item_type(item: Mapping[str, Any]) -> str:

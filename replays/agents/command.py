@@ -10,6 +10,12 @@ the workspace. It may report usage as JSON in the file named by $REPLAYS_USAGE_F
 {"input_tokens", "output_tokens", "cache_read_tokens", "cache_write_5m_tokens",
 "cache_write_1h_tokens", "cost_usd", "model_seconds", "model"}, all optional.
 
+A range of several requests runs the command once per request, in order, in the same
+workspace: {request_file} is that turn's request, $REPLAYS_TURN its number (1, 2, ...)
+and $REPLAYS_TURNS how many there are; each turn has its own usage file. A command
+keeps no session for Replays to resume, so the `fork` context is not offered to it
+(`digest` gives its first turn the earlier requests).
+
 Judge mode (an evaluator's one structured answer) needs the optional key
 "judge_command", an argv like "command", e.g.
     ["python", "judge.py", "--model", "{model}", "{task_file}", "{answer_file}"]
@@ -125,8 +131,12 @@ class CommandAgent(ConfiguredAgent):
             "workspace": str(context.workspace),
             "run_dir": str(context.run_dir),
         }
-        usage_file = {"REPLAYS_USAGE_FILE": str(context.run_dir / USAGE_FILE_NAME)}
-        return self._invocation(self.command, values, usage_file)
+        files = {
+            "REPLAYS_USAGE_FILE": str(usage_file(context)),
+            "REPLAYS_TURN": str(context.turn),
+            "REPLAYS_TURNS": str(context.turns),
+        }
+        return self._invocation(self.command, values, files)
 
     def _invocation(
         self,
@@ -146,7 +156,7 @@ class CommandAgent(ConfiguredAgent):
         return Invocation(argv=argv, env=env, stdin_path=stdin_path)
 
     def outcome(self, context: RunContext, *, exit_code: int) -> AgentOutcome:
-        outcome = read_usage_file(context.run_dir / USAGE_FILE_NAME, model=self.model)
+        outcome = read_usage_file(usage_file(context), model=self.model)
         if exit_code != 0:
             outcome.error = error_from_log(context.log_path)
         return outcome
@@ -184,6 +194,12 @@ class CommandAgent(ConfiguredAgent):
         return judge_answer_from(
             outcome, exit_code=exit_code, answer_file=task.folder / ANSWER_FILE_NAME
         )
+
+
+def usage_file(context: RunContext) -> Path:
+    """Where a turn reports its usage: usage.json, usage-2.json for turn 2, ..."""
+    name = USAGE_FILE_NAME if context.turn == 1 else f"usage-{context.turn}.json"
+    return context.run_dir / name
 
 
 def _check_argv(command: object, key: str) -> None:

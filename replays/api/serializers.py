@@ -149,6 +149,11 @@ class QuestionSerializer(serializers.Serializer):
     choices = QuestionChoiceSerializer(many=True)
 
 
+class ContextChoiceSerializer(serializers.Serializer):
+    mode = serializers.ChoiceField(choices=["cold", "digest", "fork"])
+    reason = serializers.CharField(help_text="Why: `chosen`, or how the default was decided.")
+
+
 class PreparationSerializer(serializers.Serializer):
     thread_id = serializers.IntegerField()
     repository = serializers.CharField(allow_blank=True)
@@ -160,6 +165,11 @@ class PreparationSerializer(serializers.Serializer):
     end_message_uuid = serializers.CharField(allow_blank=True)
     blockers = serializers.ListField(child=serializers.CharField())
     questions = QuestionSerializer(many=True)
+    context = serializers.DictField(
+        child=ContextChoiceSerializer(),
+        required=False,
+        help_text="What each model knows before the range's first request, by model id.",
+    )
 
 
 # Text that is not only spaces (the server strips what it is given).
@@ -226,6 +236,15 @@ class RunConfigSerializer(serializers.Serializer):
         max_length=planning.MAX_TEST_PATHS,
         help_text="Relative globs of the historical diff's test files (default: test_*.py, "
         "*_test.py, tests/**, *.test.*, *_spec.*).",
+    )
+    context = serializers.JSONField(
+        required=False,
+        allow_null=True,
+        help_text="What the agent knows before the request: `cold` (the request alone), "
+        "`digest` (the earlier requests and answers first) or `fork` (the historical "
+        "session, resumed), for every model, or {model id: mode} for some. Absent or null: "
+        "cold for a thread's first request; later, fork when the model's agent is the "
+        "thread's own tool, else digest.",
     )
 
 
@@ -357,6 +376,11 @@ class RunDetailSerializer(RunSerializer):
     log_tail = serializers.CharField()
     tree_tests = serializers.JSONField(
         allow_null=True, help_text="The verify command's outcome on the run's tree."
+    )
+    turns = serializers.JSONField(
+        help_text="One entry per request of the range (each its own turn): turn, ending, "
+        "exit_code, seconds, model_seconds, cost_usd, tokens, session_id, and with several "
+        "turns files_changed and the tree's diff after it."
     )
 
 

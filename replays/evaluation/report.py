@@ -32,6 +32,7 @@ from django.db.models import Count, Q
 from django.utils import timezone
 
 from replays import processes, repos, runfolder, statistics
+from replays.context import COLD, HISTORICAL_CONTEXT
 from replays.evaluation import checks, evaluators, judge
 from replays.evaluation.review import (
     PROMPT_VERSION,
@@ -55,7 +56,7 @@ from replays.processes import ProcessIdentity
 logger = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
-CONTEXT_COLD = "cold"
+CONTEXT_COLD = COLD
 # The note the coordinator appends to a diff it had to cut (see coordinator._collect_diff).
 CUT_DIFF_NOTE = "[replays] The diff is larger than"
 
@@ -434,6 +435,8 @@ def historical_side(run: Run) -> dict[str, Any]:
             )
         },  # fmt: skip
         "files_changed": None,  # filled from the historical diff when it is read
+        # What the historical agent knew: its own session, every earlier request in full.
+        "context": HISTORICAL_CONTEXT,
         # A tree rebuilt from the transcript's edits stood in for a missing commit:
         # {"ending"?: {commit, base, files, edits, unsure, repository}, "baseline"?: ...}.
         "rebuilt": configuration.get("rebuilt") or None,
@@ -448,6 +451,10 @@ def replay_side(run: Run) -> dict[str, Any]:
         "model_seconds": run.model_seconds,
         "tokens": run.tokens,
         "files_changed": run.files_changed,
+        # What the replay knew before the request (cold, digest, fork), and in how many
+        # turns it got the range's requests.
+        "context": str(run.configuration.get("context") or CONTEXT_COLD),
+        "turns": len(run.turns) or 1,
     }
 
 

@@ -33,6 +33,9 @@ MAX_THREAD_COST_USD = 5 * MAX_THREAD_TOKENS * MAX_PRICE_PER_MILLION_USD // 10**6
 # The length of Turn.message_uuid (the importer checks Thread's fields against the model).
 MAX_MESSAGE_ID_CHARS = 200
 OUT_OF_RANGE = "token counts out of range"
+# How much of the agent's last text of a turn is kept (the `digest` context quotes it).
+MAX_FINAL_ANSWER_CHARS = 4000
+FINAL_ANSWER_CUT = " […]"
 
 
 class TranscriptError(Exception):
@@ -118,6 +121,14 @@ class ParsedTurn:
     model_seconds: float | None = None
     # What the agent's tool calls saw and changed, in order (see Evidence).
     evidence: Evidence = field(default_factory=lambda: Evidence())
+    # The agent's last text of the turn (its answer), cut at MAX_FINAL_ANSWER_CHARS.
+    final_answer: str = ""
+
+    def answered(self, text: str) -> None:
+        """The agent said `text`: the latest text of a turn is its final answer."""
+        text = text.strip()
+        if text:
+            self.final_answer = bounded_answer(text)
 
     @property
     def models(self) -> list[str]:
@@ -152,6 +163,13 @@ class ParsedThread:
     turns: list[ParsedTurn] = field(default_factory=list)
     problems: list[LineProblem] = field(default_factory=list)
     lines_read: int = 0
+
+
+def bounded_answer(text: str) -> str:
+    """`text`, or its beginning and a mark when it is longer than MAX_FINAL_ANSWER_CHARS."""
+    if len(text) <= MAX_FINAL_ANSWER_CHARS:
+        return text
+    return text[: MAX_FINAL_ANSWER_CHARS - len(FINAL_ANSWER_CUT)] + FINAL_ANSWER_CUT
 
 
 def make_message_ids_unique(turns: list[ParsedTurn]) -> None:

@@ -415,6 +415,7 @@ def _read_line(
             _read_assistant(state, lines, line_number, value, at, from_subagent=not main_file)
             if main_file:
                 _read_tool_uses(state, value)
+                _read_answer_text(state, value)
         elif line_type == "user" and main_file:
             assert at is not None
             _read_user(state, line_number, value, at)
@@ -570,6 +571,23 @@ def _read_assistant(
     response.last_at = max(response.last_at, at)
     if cost is not None:
         response.cost_usd = cost if response.cost_usd is None else max(response.cost_usd, cost)
+
+
+def _read_answer_text(state: _State, value: dict[str, Any]) -> None:
+    """The text of a main-chain assistant line: the latest one is the turn's final answer."""
+    message = value["message"]
+    content = message.get("content")
+    if not state.turns or value.get("isSidechain") or message.get("model") == SYNTHETIC_MODEL:
+        return
+    if isinstance(content, list):
+        texts = [
+            block["text"]
+            for block in content
+            if isinstance(block, dict)
+            and block.get("type") == "text"
+            and isinstance(block.get("text"), str)
+        ]
+        state.turns[-1].answered("\n".join(texts))
 
 
 def anthropic_usage(raw: object, *, where: str = "usage") -> TokenUsage:

@@ -74,6 +74,8 @@ _MODEL_OUTPUT_ITEMS = frozenset(
 _ANSWER_EVENTS = frozenset({"agent_message", "assistant_message", "agent_reasoning"})
 _ANSWER_ITEMS = frozenset({"AgentMessage", "agent_message", "assistant_message", "Reasoning"})
 _USER_ITEMS = frozenset({"UserMessage", "user_message"})
+# Answers that are the agent's words (the rest is reasoning).
+_MESSAGE_ITEMS = frozenset({"AgentMessage", "agent_message", "assistant_message"})
 _ROLLOUT_UUID_RE = re.compile(
     r"([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})$", re.IGNORECASE
 )
@@ -100,6 +102,7 @@ class _Usage:
 @dataclass(frozen=True)
 class _Answer:
     at: datetime
+    text: str = ""  # what the agent said (its messages; not reasoning)
 
 
 @dataclass(frozen=True)
@@ -310,7 +313,8 @@ class _Reader:
                 turn_id = _string(payload.get("turn_id")) or _string(item.get("turn_id"))
                 self._prompt(at, _item_text(item), turn_id, "event")
             elif item_type in _ANSWER_ITEMS:
-                self.events.append(_Answer(at))
+                said = _item_text(item) if item_type in _MESSAGE_ITEMS else ""
+                self.events.append(_Answer(at, said))
             elif item_type == "FileChange":
                 self._file_changes(item.get("id"), item.get("changes"), item.get("status"))
             elif item_type == "CommandExecution":
@@ -326,7 +330,8 @@ class _Reader:
             if turn_id:
                 self.events.append(_TurnStarted(turn_id))
         elif event_type in _ANSWER_EVENTS:
-            self.events.append(_Answer(at))
+            said = _item_text(payload) if event_type in _MESSAGE_ITEMS else ""
+            self.events.append(_Answer(at, said))
         elif event_type == "token_count":
             usage = self._token_count(payload)
             if usage is not None and usage.total:
@@ -343,7 +348,7 @@ class _Reader:
                     self._prompt(at, text, None, "response_item")
                 self.asked_at = at
             elif role == "assistant":
-                self.events.append(_Answer(at))
+                self.events.append(_Answer(at, _item_text(payload)))
         elif item_type in _MODEL_OUTPUT_ITEMS:
             self.events.append(_Answer(at))
             self._tool_call(payload)
@@ -728,6 +733,8 @@ def _build_turns(events: list[_Event], session_id: str) -> list[ParsedTurn]:
                 turn.last_answer_at = event.at
             if isinstance(event, _ModelTime):
                 turn.model_seconds = (turn.model_seconds or 0.0) + event.seconds
+            if isinstance(event, _Answer) and event.text:
+                turn.answered(event.text)
             if isinstance(event, _Usage):
                 by_model = usage[-1][event.source]
                 by_model[event.model] = by_model.get(event.model, TokenUsage()) + event.usage

@@ -4,15 +4,17 @@ side, the run's judgments; and judging it again."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.utils.text import Truncator
 from django.views.decorators.http import require_POST
 
-from replays import diffview
+from replays import context, diffview
 from replays.evaluation import evaluators
 from replays.evaluation import report as reports
 from replays.models import Report, ReportStatus, ReviewStatus, Run, RunStatus
@@ -135,6 +137,12 @@ def side_figures(document: dict[str, Any]) -> list[Figure]:
             figures.append(Figure(label, "score", values.get("historical"), values.get("replay")))
     if historical or replay:
         figures += [
+            Figure(
+                "Context",
+                "text",
+                context.LABELS.get(historical.get("context"), historical.get("context")),
+                context.LABELS.get(replay.get("context"), replay.get("context")),
+            ),
             Figure("Cost", "usd", historical.get("cost_usd"), replay.get("cost_usd")),
             Figure("Time", "duration", historical.get("seconds"), replay.get("seconds")),
             Figure(
@@ -145,6 +153,48 @@ def side_figures(document: dict[str, Any]) -> list[Figure]:
             ),
         ]
     return figures
+
+
+@dataclass
+class TurnRow:
+    """One turn of a range replayed turn by turn (Run.turns), with its request's first line."""
+
+    number: int
+    request: str
+    ending: str
+    exit_code: int | None
+    seconds: float | None
+    cost_usd: Decimal | None
+    tokens: int
+    files_changed: int | None
+    diff: str
+
+
+def turn_rows(run: Run) -> list[TurnRow]:
+    """The run's turns, when it had several (one turn is the run itself)."""
+    records = [item for item in run.turns if isinstance(item, dict)]
+    if len(records) < 2:
+        return []
+    requests = run.configuration.get("requests") or []
+    rows = []
+    for number, item in enumerate(records, start=1):
+        text = str(requests[number - 1]) if number <= len(requests) else ""
+        cost = item.get("cost_usd")
+        tokens = item.get("tokens") if isinstance(item.get("tokens"), dict) else {}
+        rows.append(
+            TurnRow(
+                number=number,
+                request=Truncator(text.strip().split("\n")[0]).chars(80),
+                ending=str(item.get("ending") or ""),
+                exit_code=item.get("exit_code"),
+                seconds=item.get("seconds"),
+                cost_usd=Decimal(cost) if isinstance(cost, str) else None,
+                tokens=sum(value for value in tokens.values() if isinstance(value, int)),
+                files_changed=item.get("files_changed"),
+                diff=str(item.get("diff") or ""),
+            )
+        )
+    return rows
 
 
 @dataclass
@@ -211,6 +261,7 @@ def run_compare(request: HttpRequest, pk: int) -> HttpResponse:
             "tests": tests_view(document.get("tests")),
             "request_head": head,
             "request_rest": rest,
+            "turns": turn_rows(run),
             "comparison": comparison,
             "has_historical_diff": historical_diff is not None,
             "judgments": judgments,

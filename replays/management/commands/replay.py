@@ -71,6 +71,16 @@ class Command(ReplaysCommand):
             help="Glob of the historical diff's test files (repeat; default: test_*.py, "
             "*_test.py, tests/**, *.test.*, *_spec.*).",
         )
+        parser.add_argument(
+            "--context",
+            action="append",
+            dest="context",
+            default=[],
+            metavar="[MODEL=]MODE",
+            help="What the agent knows before the request: cold, digest or fork, for every "
+            "model or MODEL=MODE for one (repeat). Default: cold for a thread's first request, "
+            "else fork when the model's agent is the thread's own tool, else digest.",
+        )
         parser.add_argument("--user", help="Who owns the plan (default: the only superuser).")
         parser.add_argument("--yes", action="store_true", help="Approve without asking.")
         parser.add_argument("--wait", action="store_true", help="Follow the runs until they end.")
@@ -158,6 +168,8 @@ class Command(ReplaysCommand):
             configuration["evaluator"] = options["evaluator"]
         if options["test_paths"]:
             configuration["test_paths"] = options["test_paths"]
+        if options["context"]:
+            configuration["context"] = context_option(options["context"])
         return configuration
 
     def describe(self, plan: Any) -> str:
@@ -173,6 +185,8 @@ class Command(ReplaysCommand):
                     f"    {side} {done['commit'][:12]} rebuilt from the transcript (no commit "
                     f"holds it): {done['edits']} edits of {files} on {done['base'][:12]}"
                 )
+            for model, chosen in (prep.get("context") or {}).items():
+                lines.append(f"    context of {model}: {chosen['mode']} ({chosen['reason']})")
         lines.append(f"  models: {', '.join(plan.configuration['models'])}")
         lines.append(f"  evaluator: {plan.evaluator or 'none (the runs will not be judged)'}")
         lines += [f"  warning: {warning}" for warning in plan.warnings]
@@ -333,6 +347,23 @@ class Command(ReplaysCommand):
         not_completed = [run for run in runs if run.status != "completed"]
         if not_completed:
             raise CommandError(f"{len(not_completed)} of {len(runs)} runs did not complete.")
+
+
+def context_option(values: list[str]) -> str | dict[str, str]:
+    """`--context MODE` (every model) or `--context MODEL=MODE` (repeatable) as the
+    configuration's `context`; planning says what is wrong with a mode or a model."""
+    plain = [value for value in values if "=" not in value]
+    if plain and len(values) > 1:
+        raise CommandError("Give --context MODE once, or --context MODEL=MODE for each model.")
+    if plain:
+        return plain[0]
+    modes: dict[str, str] = {}
+    for value in values:
+        model, _, mode = value.rpartition("=")
+        if model in modes:
+            raise CommandError(f"--context names {model} twice.")
+        modes[model] = mode
+    return modes
 
 
 def score_text(report: Report | None) -> str:
