@@ -13,6 +13,7 @@ fails (launch_failed, coordinator_lost) with the reason on its own row.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import sys
@@ -22,10 +23,12 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings
-from django.db import IntegrityError, connection, transaction
+from django.core.management import call_command
+from django.db import IntegrityError, connection, connections, transaction
 from django.db.models import Count, F, QuerySet, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
+from django_q.signals import post_spawn
 
 from replays import processes, repos, runfolder
 from replays.agents.base import read_tail
@@ -140,53 +143,115 @@ def dispatch_runs(*, host: str | None = None) -> list[int]:
         runs = claim_queued_runs(host=host)
         if not runs:
             return spawned
-        launched = [run.pk for run in runs if launch_coordinator(run=run, host=host)]
+        launched = launch_coordinators(runs=runs, host=host)
         spawned.extend(launched)
         if len(launched) == len(runs):
             # Every claimed slot is now held; a failed spawn freed one, so claim again.
             return spawned
 
 
-def launch_coordinator(*, run: Run, host: str | None = None) -> bool:
-    """Start `manage.py run_coordinator RUN_ID` for a claimed run, outside any transaction."""
+def launch_coordinators(*, runs: list[Run], host: str | None = None) -> list[int]:
+    """Start the coordinators of claimed runs, outside any transaction; the started ids.
+
+    Every coordinator is started first, then their pids are written in one transaction:
+    no query runs between two starts (a forked coordinator must not inherit an open
+    connection, and 64 single writes would each wait for the database's write lock
+    behind the coordinators already writing). A coordinator writes its own pid when it
+    starts anyway; until then reconcile knows the run by its launcher (this process).
+    """
     host = host or settings.REPLAYS_HOST_NAME
-    processes.pause_point("dispatch_after_claim")
-    argv = [
-        sys.executable,
-        str(Path(settings.BASE_DIR) / "manage.py"),
-        "run_coordinator",
-        str(run.pk),
-    ]
+    fork = _forks_coordinators(host)
+    if fork:
+        # A connection shared with the children would be used by two processes at once.
+        connections.close_all()
+    started: list[tuple[int, processes.ProcessIdentity]] = []
+    failed: list[tuple[int, Exception]] = []
+    for run in runs:
+        processes.pause_point("dispatch_after_claim")
+        try:
+            identity = launch_coordinator(run=run, host=host, fork=fork)
+        except Exception as exc:  # Any reason it could not start is this member's failure.
+            logger.warning("Could not start the coordinator of run %s: %s", run.pk, exc)
+            failed.append((run.pk, exc))
+            continue
+        processes.pause_point("dispatch_after_spawn")
+        started.append((run.pk, identity))
+    with transaction.atomic():
+        for run_id, identity in started:
+            # The coordinator may already have moved it to running and written its own pid.
+            Run.objects.filter(pk=run_id, status=RunStatus.LAUNCHING).update(
+                pid=identity.pid, pid_create_time=identity.create_time
+            )
+    for run_id, exc in failed:
+        fail_launch(
+            run_id=run_id,
+            code=LaunchErrorCode.SPAWN_ERROR,
+            host=host,
+            message=f"Could not start the coordinator: {exc}",
+            failure_message=f"Could not start the coordinator: {exc}",
+        )
+    return [run_id for run_id, _ in started]
+
+
+def launch_coordinator(*, run: Run, host: str, fork: bool) -> processes.ProcessIdentity:
+    """Start the coordinator of one claimed run in its own process; its identity.
+
+    Forked (inside a django-q2 worker, see _forks_coordinators), it starts with Django
+    already imported and set up: a few milliseconds, where `manage.py run_coordinator
+    RUN_ID` costs a new interpreter and a second or two of CPU, which 64 members at
+    once on two cores turned into half a minute. Either way it is its own process and
+    session, identified by pid and create time, so a crash or a kill of one member
+    touches no other and reconcile finds it the same way. Touches no database.
+    """
     # The coordinator sees what this dispatcher sees (host name, run root).
     env = {
         **os.environ,
         "REPLAYS_HOST_NAME": host,
         "REPLAYS_RUN_ROOT": str(settings.REPLAYS_RUN_ROOT),
     }
-    try:
-        runfolder.create_run_folder(run.pk)
-        _, identity = processes.spawn(
-            argv,
+    log_path = run_folder(run.pk) / COORDINATOR_LOG
+    runfolder.create_run_folder(run.pk)
+    if fork:
+        return processes.fork_detached(
+            functools.partial(_coordinate, run.pk),
             cwd=Path(settings.BASE_DIR),
             env=env,
-            log_path=run_folder(run.pk) / COORDINATOR_LOG,
+            log_path=log_path,
         )
-    except Exception as exc:  # Any reason it could not start is this member's failure.
-        logger.warning("Could not start the coordinator of run %s: %s", run.pk, exc)
-        fail_launch(
-            run_id=run.pk,
-            code=LaunchErrorCode.SPAWN_ERROR,
-            host=host,
-            message=f"Could not start the coordinator: {exc}",
-            failure_message=f"Could not start the coordinator: {exc}",
-        )
-        return False
-    processes.pause_point("dispatch_after_spawn")
-    # The coordinator may already have moved it to running and written its own pid.
-    Run.objects.filter(pk=run.pk, status=RunStatus.LAUNCHING).update(
-        pid=identity.pid, pid_create_time=identity.create_time
+    argv = [sys.executable, str(Path(settings.BASE_DIR) / "manage.py"), "run_coordinator"]
+    _, identity = processes.spawn(
+        [*argv, str(run.pk)], cwd=Path(settings.BASE_DIR), env=env, log_path=log_path
     )
-    return True
+    return identity
+
+
+# Set in each django-q2 worker as it starts (post_spawn): its settings were read from the
+# environment its coordinators get, so a coordinator forked from it is the same as one
+# started afresh. Any other caller (a command, a shell, a test runner that changed its
+# settings or environment since it started) spawns a new interpreter.
+_in_task_worker = False
+
+
+def _mark_task_worker(sender: Any, **kwargs: Any) -> None:
+    global _in_task_worker
+    _in_task_worker = True
+
+
+post_spawn.connect(_mark_task_worker, dispatch_uid="replays.dispatch.mark_task_worker")
+
+
+def _forks_coordinators(host: str) -> bool:
+    return (
+        _in_task_worker
+        and settings.REPLAYS_FORK_COORDINATORS
+        and host == settings.REPLAYS_HOST_NAME
+    )
+
+
+def _coordinate(run_id: int) -> None:
+    """The forked coordinator's work: the same command, the same output in its log."""
+    # By name: the coordinator imports this module, not the other way round.
+    call_command("run_coordinator", str(run_id))
 
 
 def fail_launch(

@@ -12,7 +12,9 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
+import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -112,6 +114,94 @@ def spawn(
         # It already ended; a create time of 0 never matches a live process.
         identity = ProcessIdentity(process.pid, 0.0)
     return process, identity
+
+
+# Coordinators forked by this process that it has not reaped yet (see fork_detached).
+_forked: set[int] = set()
+
+
+def fork_detached(
+    function: Callable[[], object],
+    *,
+    cwd: Path,
+    env: Mapping[str, str],
+    log_path: Path,
+) -> ProcessIdentity:
+    """Run function() in a new process forked from this one, in its own session, output
+    appended to log_path; the new process's identity. Like spawn(), without starting a
+    new interpreter: the child starts with everything this process already imported.
+
+    The caller closes what must not be shared first (database connections). The child
+    is its own session leader like a spawned process, so killing it (or its group)
+    kills no other process; it ends with os._exit, so no exit handler of this process
+    runs twice, and an exception is printed to its log and ends it with code 1. This
+    process reaps the children it forked that have ended each time it forks again (a
+    child that ended meanwhile is a zombie, which is_alive counts as gone); a second
+    fork to hand the child to init would make every start wait for a process that a
+    busy machine schedules late.
+    """
+    reap_forked()
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - runs in the child
+            _forked_child(function, cwd=cwd, env=env, log_fd=log_fd)
+    finally:
+        os.close(log_fd)
+    _forked.add(pid)
+    identity = identity_of(pid)
+    # It already ended; a create time of 0 never matches a live process.
+    return identity or ProcessIdentity(pid, 0.0)
+
+
+def reap_forked() -> None:
+    """Collect the exit status of the children fork_detached started that have ended."""
+    for pid in list(_forked):
+        try:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            done = pid
+        if done:
+            _forked.discard(pid)
+
+
+def _forked_child(
+    function: Callable[[], object], *, cwd: Path, env: Mapping[str, str], log_fd: int
+) -> None:  # pragma: no cover - runs in the child
+    """The forked process: its own session, files and environment, then function(). Never
+    returns."""
+    code = 1
+    try:
+        _forked.clear()  # the parent's children are not ours to reap
+        os.setsid()
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.dup2(log_fd, 1)
+        os.dup2(log_fd, 2)
+        os.close(devnull)
+        os.close(log_fd)
+        # The parent's handlers (a task worker's) are not ours.
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
+            signal.signal(sig, signal.SIG_DFL)
+        os.chdir(cwd)
+        os.environ.clear()
+        os.environ.update(env)
+        sys.stdin = open(0, encoding="utf-8", closefd=False)  # noqa: SIM115
+        sys.stdout = open(1, "w", encoding="utf-8", buffering=1, closefd=False)  # noqa: SIM115
+        sys.stderr = open(2, "w", encoding="utf-8", buffering=1, closefd=False)  # noqa: SIM115
+        function()
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
 
 
 def _tree(pid: int, create_time: float | None) -> list[psutil.Process]:

@@ -131,6 +131,10 @@ REPLAYS_MAX_PARALLEL_RUNS = env_int("REPLAYS_MAX_PARALLEL_RUNS", 2, minimum=1)
 REPLAYS_MAX_RUNS_PER_HOST = env_int(
     "REPLAYS_MAX_RUNS_PER_HOST", REPLAYS_MAX_PARALLEL_RUNS, minimum=1
 )
+# A task worker forks each coordinator from itself (Django already loaded) rather than
+# starting a new interpreter for it: the launch cost of a batch falls from about a
+# second of CPU per member to milliseconds (docs/benchmarks.md). Off: always spawn.
+REPLAYS_FORK_COORDINATORS = env_bool("REPLAYS_FORK_COORDINATORS", True)
 # This machine's name in Run.host: capacity per host and same-host process checks use it.
 REPLAYS_HOST_NAME = env_str("REPLAYS_HOST_NAME") or socket.gethostname()
 # Coordinators write a heartbeat (and check for cancel) this often; a heartbeat older than
