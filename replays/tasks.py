@@ -7,22 +7,30 @@ lost delivery late, not lost.
 
 from __future__ import annotations
 
+import errno
+import fcntl
+import hashlib
 import logging
-import os
-from typing import Any
+import re
+import threading
+import time
+from pathlib import Path
+from typing import IO, Any
 
-import psutil
+from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connections
 
-from replays import dispatch
+from replays import dispatch, hosts
 
 logger = logging.getLogger(__name__)
 
-# Schedule name -> task: both every minute.
+# Schedule name -> task, every minute. Reconcile has no schedule: every cluster runs it for
+# its own host every few seconds (host_loop below).
 SCHEDULES = {
     "replays: dispatch queued runs": "replays.tasks.dispatch_runs_task",
-    "replays: reconcile runs": "replays.tasks.reconcile_runs_task",
 }
+# Schedules of earlier versions, removed where they exist.
+RETIRED_SCHEDULES = ["replays: reconcile runs"]
 
 
 def dispatch_runs_task() -> list[int]:
@@ -39,6 +47,7 @@ def ensure_schedules(*, using: str = DEFAULT_DB_ALIAS) -> None:
 
     if Schedule._meta.db_table not in connections[using].introspection.table_names():
         return  # django_q is not migrated (yet) on this database.
+    Schedule.objects.using(using).filter(name__in=RETIRED_SCHEDULES).delete()
     for name, func in SCHEDULES.items():
         existing = list(Schedule.objects.using(using).filter(name=name).order_by("id"))
         for duplicate in existing[1:]:
@@ -56,32 +65,85 @@ def create_schedules_after_migrate(
 
 
 def reconcile_at_cluster_start(sender: Any, proc_name: str = "", **kwargs: Any) -> None:
-    """django-q2's post_spawn handler: reconcile, then dispatch, once per cluster start.
+    """django-q2's post_spawn handler: start this worker's host loop (once per process).
 
     django-q2 1.11 has no "cluster started" signal; post_spawn is sent in every worker
-    process as it starts (also when a worker is recycled or reincarnated). Workers are
-    forked from the cluster's sentinel, so only the sentinel's oldest child, its first
-    worker, does the work: a later or replacement worker sees an older sibling and skips.
-    Both services are idempotent, so a rare second run costs a few queries, nothing more.
+    process as it starts (also when a worker is recycled or reincarnated). Every worker
+    starts a loop thread, and the thread holding this host's lock (see `host_loop`) does
+    the work: at its first turn the cluster's start (report the host, reconcile, dispatch),
+    then every few seconds the host's report and reconcile. A worker that dies releases the
+    lock with its process, and a sibling's thread takes the work over at its next turn.
     """
-    if not _is_first_child_of_sentinel():
+    if _host_loop_started.is_set():
         return
-    try:
-        report = dispatch.reconcile_runs()
-        started = dispatch.dispatch_runs()
-        logger.info("Cluster start: %s; dispatched runs %s", report.as_dict(), started)
-    except Exception:
-        # The every-minute schedules retry; a worker must still come up.
-        logger.exception("Reconcile and dispatch at cluster start failed")
-    finally:
-        connections.close_all()
+    _host_loop_started.set()
+    threading.Thread(target=host_loop, name="replays-host-loop", daemon=True).start()
 
 
-def _is_first_child_of_sentinel() -> bool:
+# Set in a worker process once its loop thread runs (a fork starts with it clear: the
+# sentinel never starts a loop).
+_host_loop_started = threading.Event()
+
+
+def host_loop_seconds() -> float:
+    """How often a cluster reports its host and reconciles: every heartbeat, so a run whose
+    coordinator died on this host fails within a heartbeat or two (not one minute)."""
+    return max(1.0, float(settings.REPLAYS_HEARTBEAT_SECONDS))
+
+
+def host_loop(*, turns: int | None = None) -> None:
+    """Report this host and reconcile, forever (or `turns` times), in whichever worker of
+    this host holds the host's lock. Reconcile judges this host's runs by pid and create
+    time and other hosts' runs by heartbeat age only, so running it on every host (not one
+    global schedule that may land anywhere) is what makes a dead coordinator on any machine
+    fail fast. Never raises: a failed turn is logged and the next one tries again."""
+    lock = None
+    count = 0
+    while turns is None or count < turns:
+        count += 1
+        try:
+            if lock is None:
+                lock = _take_host_lock()
+                if lock is not None:
+                    host_loop_turn(first=True)
+            else:
+                host_loop_turn(first=False)
+        except Exception:
+            logger.exception("The host loop's turn failed; it tries again")
+        finally:
+            connections.close_all()  # this thread's connections only
+        time.sleep(host_loop_seconds())
+
+
+def host_loop_turn(*, first: bool) -> dict[str, Any]:
+    """One turn: report the host, reconcile, and ask for a dispatch at the cluster's start
+    or when reconcile freed a slot (the schedule would otherwise take up to a minute).
+    The dispatch is a task, run by a worker's main thread: coordinators are started (and
+    forked) from there, never from this thread."""
+    hosts.report_host()
+    report = dispatch.reconcile_runs()
+    freed = report.launch_failed + report.coordinator_lost + report.cancelled
+    if first or freed:
+        logger.info("%s: %s", "Cluster start" if first else "Reconciled", report.as_dict())
+        dispatch.request_dispatch()
+    return report.as_dict()
+
+
+def _take_host_lock() -> IO[bytes] | None:
+    """This host's lock file, held for the process's life; None when another process of
+    this host holds it. A POSIX record lock (lockf), not flock: the kernel drops it when the
+    process dies, however it dies, and a child the worker forks (a coordinator) does not
+    inherit it, so a sibling can take over as soon as the worker is gone."""
+    folder = Path(settings.REPLAYS_VAR_DIR) / "hosts"
+    folder.mkdir(parents=True, exist_ok=True)
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", settings.REPLAYS_HOST_NAME)
+    digest = hashlib.sha256(settings.REPLAYS_HOST_NAME.encode()).hexdigest()[:12]
+    handle = (folder / f"{safe[:64]}-{digest}.lock").open("ab")
     try:
-        me = psutil.Process()
-        siblings = psutil.Process(os.getppid()).children()
-        oldest = min(siblings, key=lambda process: (process.create_time(), process.pid))
-    except (psutil.Error, ValueError):
-        return True
-    return oldest.pid == me.pid
+        fcntl.lockf(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        handle.close()
+        if exc.errno in (errno.EACCES, errno.EAGAIN):
+            return None
+        raise
+    return handle
