@@ -4,7 +4,8 @@ from django.contrib import admin
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from replays.models import Batch, LaunchError, Plan, Report, Review, Run, Thread, Turn
+from replays import hosts
+from replays.models import Batch, Host, LaunchError, Plan, Report, Review, Run, Thread, Turn
 
 TOKEN_READONLY = (
     "input_tokens",
@@ -256,3 +257,25 @@ class ReportAdmin(ProtocolReadOnlyAdmin):
     list_filter = ("status", "is_current", "winner", "consistent", "evaluator", "prompt_version")
     search_fields = ("run__model", "run__thread__title", "evaluator", "reason")
     list_select_related = ("run",)
+
+
+@admin.register(Host)
+class HostAdmin(ProtocolReadOnlyAdmin):
+    """The machines whose clusters reported (written by the clusters, replays/hosts.py).
+    Read-only; a removed machine's row may be deleted (the doctor reports it stale)."""
+
+    list_display = ("name", "last_seen_at", "clock_skew", "capacity", "agents", "first_seen_at")
+    search_fields = ("name",)
+
+    @admin.display(description="Clock skew")
+    def clock_skew(self, host: Host) -> str:
+        seconds = hosts.clock_skew(host).total_seconds()
+        return f"{seconds:+.1f} s"
+
+    @admin.display(description="Agents")
+    def agents(self, host: Host) -> str:
+        versions = host.agent_versions if isinstance(host.agent_versions, dict) else {}
+        return ", ".join(
+            f"{name} {answer}" if isinstance(answer, str) else f"{name}: not runnable"
+            for name, answer in sorted(versions.items())
+        )

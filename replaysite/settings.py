@@ -124,6 +124,13 @@ SECRET_KEY = _secret_key()
 DEBUG = env_bool("DEBUG", False)
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"])
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+# Behind a proxy that ends TLS (docs/deployment.md): trust its X-Forwarded-Proto for
+# request.is_secure(), and send the session and CSRF cookies over HTTPS only.
+REPLAYS_BEHIND_HTTPS_PROXY = env_bool("REPLAYS_BEHIND_HTTPS_PROXY", False)
+if REPLAYS_BEHIND_HTTPS_PROXY:
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
 
 # --- Limits --------------------------------------------------------------------------
 
@@ -367,8 +374,10 @@ CACHES: dict[str, dict[str, object]] = {
             "LOCATION": REPLAYS_CACHE_TABLE,
         }
     ),
-    # The cluster writes its statistics every half second: kept in its own memory, as
-    # before, rather than in the database.
+    # The ORM broker's cluster writes its statistics (django-q2's Stat, for qinfo) every
+    # half second: kept in its own memory rather than in the database. Nothing Replays
+    # decides reads them; the Host rows (replays/hosts.py) are the shared view of the
+    # clusters. With Redis, django-q2 keeps them in Redis itself.
     "local": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
 }
 Q_CLUSTER["cache"] = "local"

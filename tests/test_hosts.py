@@ -237,3 +237,30 @@ def test_caches_shared_between_processes_are_never_process_memory(tmp_path: Path
         }
         # Only the cluster's statistics (django-q2's Stat, half-second writes) stay local.
         assert local <= {loaded["q"]["cache"]}
+
+
+def test_the_admin_lists_hosts_read_only_with_their_skew_and_agents(
+    client: Any, staff_user: User
+) -> None:
+    from django.urls import reverse
+
+    seen = timezone.now()
+    host = Host.objects.create(
+        name="worker-<1>",
+        last_seen_at=seen,
+        clock_at=seen + timedelta(seconds=4.25),
+        capacity=4,
+        agent_versions={"codex": "codex-cli 0.169.0", "claude": {"error": "not found"}},
+    )
+    client.force_login(staff_user)
+
+    listing = client.get(reverse("admin:replays_host_changelist")).content.decode()
+    assert "worker-&lt;1&gt;" in listing and "worker-<1>" not in listing
+    assert "+4.2 s" in listing
+    assert "claude: not runnable, codex codex-cli 0.169.0" in listing
+    change = client.get(reverse("admin:replays_host_change", args=[host.pk]))
+    assert change.context["adminform"].form.fields == {}  # every field read-only
+    assert client.get(reverse("admin:replays_host_add")).status_code == 403
+    # A removed machine's row can go.
+    client.post(reverse("admin:replays_host_delete", args=[host.pk]), {"post": "yes"})
+    assert not Host.objects.exists()
