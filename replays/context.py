@@ -33,9 +33,8 @@ from typing import Any
 
 from django.conf import settings
 
-from replays import agents, evidence
+from replays import agents, evidence, importing
 from replays.agents.base import ForkedSession
-from replays.importing import file_sha256
 from replays.models import SourceKind, Thread, Turn
 from replays.transcripts.claude_code import prompt_text
 
@@ -250,9 +249,15 @@ def text_sha256(text: str) -> str:
 
 
 def transcript_digest(thread: Thread) -> str:
-    """The transcript as imported, and the file as it is now (if it is still there)."""
-    path = Path(thread.source_path)
-    current = file_sha256(path) if path.is_file() else "missing"
+    """The transcript a fork would cut: the copy stored at import (replaced when a changed
+    file is imported again), so the file may be gone or elsewhere. A thread imported
+    before copies were kept: the file as it is now (if it is still there)."""
+    stored = importing.transcript_copy_sha256(thread)
+    if stored is not None:
+        current = f"stored:{stored}"
+    else:
+        path = Path(thread.source_path)
+        current = importing.file_sha256(path) if path.is_file() else "missing"
     return hashlib.sha256(f"{thread.source_sha256}:{current}".encode()).hexdigest()
 
 
@@ -297,7 +302,7 @@ def cut_transcript(thread: Thread, first: Turn) -> list[dict[str, Any]]:
     """The transcript's lines that come before `first`, as the tool resumes them: Claude
     Code's conversation chain up to the request (and its titles and modes), Codex's rollout
     up to the turn before. CannotFork when the file is gone, too large, or lacks the request."""
-    values = _transcript_lines(Path(thread.source_path))
+    values = _transcript_lines(thread)
     if thread.source_kind == SourceKind.CLAUDE_CODE:
         kept = _cut_claude(values, first)
     else:
@@ -307,17 +312,15 @@ def cut_transcript(thread: Thread, first: Turn) -> list[dict[str, Any]]:
     return kept
 
 
-def _transcript_lines(path: Path) -> list[dict[str, Any]]:
-    limit = settings.REPLAYS_MAX_TRANSCRIPT_BYTES
+def _transcript_lines(thread: Thread) -> list[dict[str, Any]]:
+    """The transcript's lines as imported (the stored copy; see importing.read_transcript)."""
     try:
-        with path.open("rb") as handle:
-            data = handle.read(limit + 1)
-    except FileNotFoundError:
-        raise CannotFork(f"the transcript {path} is gone") from None
-    except OSError as exc:
-        raise CannotFork(f"the transcript {path} cannot be read: {exc.strerror or exc}") from None
+        data = importing.read_transcript(thread)
+    except importing.TranscriptUnavailable as exc:
+        raise CannotFork(str(exc)) from None
+    limit = settings.REPLAYS_MAX_TRANSCRIPT_BYTES
     if len(data) > limit:
-        raise CannotFork(f"the transcript {path} is larger than {limit:,} bytes")
+        raise CannotFork(f"the transcript {thread.source_path} is larger than {limit:,} bytes")
     values = []
     for raw in data.split(b"\n"):
         try:

@@ -16,10 +16,14 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import multiprocessing
 import os
 import re
 import shutil
+import time
+from collections import deque
 from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
@@ -28,9 +32,10 @@ from typing import IO, Literal
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
+from django.utils import timezone
 
 from replays import pricing
-from replays.models import TOKEN_FIELDS, Thread, Turn
+from replays.models import TOKEN_FIELDS, Thread, Transcript, Turn
 from replays.transcripts import (
     LineProblem,
     ParsedThread,
@@ -38,6 +43,7 @@ from replays.transcripts import (
     TokenUsage,
     TranscriptError,
     parse_transcript,
+    store,
 )
 
 logger = logging.getLogger(__name__)
@@ -132,6 +138,72 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+@dataclass
+class PreparedFile:
+    """One session file read, hashed, parsed and compressed (in a worker process, or in
+    this one): all the writer needs, so no database work waits on parsing."""
+
+    path: Path
+    size: int = 0
+    # The file's mtime, or None when it was too recent to vouch for the content (below).
+    mtime_ns: int | None = None
+    sha256: str = ""
+    # None: the file is the one already imported (same digest), or it failed (`error`).
+    parsed: ParsedThread | None = None
+    codec: str = ""
+    compressed: bytes = b""
+    error: str = ""
+
+
+# A file modified this recently may still change within the same mtime tick, so its mtime
+# is not recorded and the next import hashes it (git's "racily clean" entries).
+RACY_MTIME_NS = 2 * 10**9
+
+
+def prepare_file(
+    path: Path, *, max_bytes: int, known_sha256: str = "", copy_if_known: bool = False
+) -> PreparedFile:
+    """Read `path` once: its digest, then (unless it is `known_sha256`, the file already
+    imported) its parsed thread and its compressed copy. Runs in the import's worker
+    processes: no database here. Every failure becomes `error`, never an exception."""
+    prepared = PreparedFile(path=path)
+    unstorable = _unstorable_path(path)
+    if unstorable:
+        prepared.error = unstorable
+        return prepared
+    try:
+        stat = path.stat()
+        prepared.size = stat.st_size
+        if prepared.size > max_bytes:
+            prepared.error = f"{path}: {_megabytes(prepared.size)} is larger than the transcript limit of {_megabytes(max_bytes)}."
+            return prepared
+        with path.open("rb") as handle:
+            data = handle.read(max_bytes + 1)
+    except OSError as exc:
+        prepared.error = f"{path}: cannot read ({exc.strerror})."
+        return prepared
+    if time.time_ns() - stat.st_mtime_ns > RACY_MTIME_NS:
+        prepared.mtime_ns = stat.st_mtime_ns
+    prepared.size = len(data)
+    prepared.sha256 = hashlib.sha256(data).hexdigest()
+    if prepared.sha256 == known_sha256:
+        if copy_if_known:
+            prepared.codec, prepared.compressed = store.compress(data)
+        return prepared
+    try:
+        parsed = parse_transcript(path, max_bytes=max_bytes, data=data)
+        _check_lengths(parsed, path=path)
+    except TranscriptError as exc:
+        prepared.error = str(exc)
+        return prepared
+    except OSError as exc:
+        prepared.error = f"{path}: cannot read ({exc.strerror})."
+        return prepared
+    prepared.parsed = parsed
+    prepared.codec, prepared.compressed = store.compress(data)
+    return prepared
+
+
 def import_transcript_file(
     *,
     path: Path,
@@ -143,42 +215,199 @@ def import_transcript_file(
     unchanged (skipped), or failed with the reason (a bad file, a duplicate of the
     thread's own file). Another user's threads are never looked at or touched.
 
-    `sha256` is the file's digest when the caller computed it while writing the file."""
+    `sha256` is the file's digest when the caller computed it while writing the file
+    (the bytes read are hashed again: they are what is parsed and stored)."""
     limit = max_bytes if max_bytes is not None else max_transcript_bytes()
-    unstorable = _unstorable_path(path)
-    if unstorable:
-        return ImportResult(path=path, outcome="failed", error=unstorable)
+    known = Thread.objects.filter(owner=user, source_path=str(path)).first()
+    prepared = prepare_file(
+        path,
+        max_bytes=limit,
+        known_sha256=known.source_sha256 if known is not None else "",
+        copy_if_known=known is not None and not _has_copy(known),
+    )
+    return write_prepared(prepared, user=user, known=known)
+
+
+def import_files(
+    *,
+    paths: Iterable[Path],
+    user: AbstractBaseUser,
+    max_bytes: int | None = None,
+    workers: int | None = None,
+) -> Iterator[ImportResult]:
+    """Import many session files for `user`, yielding one result per file in order.
+
+    A file whose size and mtime are those recorded at its last import is unchanged without
+    being read; the others are read, hashed, parsed and compressed by `workers` processes
+    (default: one per core) while this process writes what they hand back, one file per
+    transaction. At most a few files are in flight at once, so memory does not grow with
+    the number of files."""
+    limit = max_bytes if max_bytes is not None else max_transcript_bytes()
+    known: dict[str, Thread] = {}
+    for thread in Thread.objects.filter(owner=user).order_by("pk"):
+        known.setdefault(thread.source_path, thread)
+    copied = set(Transcript.objects.filter(thread__owner=user).values_list("thread_id", flat=True))
+    planned: list[ImportResult | tuple[Path, Thread | None]] = []
+    for path in paths:
+        thread = known.get(str(path))
+        if thread is not None and thread.pk in copied and _same_stat(path, thread):
+            planned.append(
+                ImportResult(path=path, outcome="unchanged", thread=thread, turns=thread.turn_count)
+            )
+        else:
+            planned.append((path, thread))
+    jobs = sum(1 for item in planned if isinstance(item, tuple))
+    count = min(workers or os.cpu_count() or 1, jobs)
+    context = _fork_context()
+    pool = ProcessPoolExecutor(count, mp_context=context) if count > 1 and context else None
     try:
-        size = path.stat().st_size
-    except OSError as exc:
-        return ImportResult(
-            path=path, outcome="failed", error=f"{path}: cannot read ({exc.strerror})."
-        )
-    if size > limit:
+        window: deque[
+            tuple[ImportResult | Future[PreparedFile] | PreparedFile, Thread | None, Path]
+        ]
+        window = deque()
+        for item in planned:
+            if isinstance(item, ImportResult):
+                window.append((item, None, item.path))
+            else:
+                path, thread = item
+                arguments = {
+                    "max_bytes": limit,
+                    "known_sha256": thread.source_sha256 if thread is not None else "",
+                    "copy_if_known": thread is not None and thread.pk not in copied,
+                }
+                if pool is not None:
+                    window.append((pool.submit(prepare_file, path, **arguments), thread, path))
+                else:
+                    window.append((prepare_file(path, **arguments), thread, path))
+            while len(window) > 2 * count + 1:
+                yield _finish(*window.popleft(), user=user)
+        while window:
+            yield _finish(*window.popleft(), user=user)
+    finally:
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
+
+
+def _finish(
+    item: ImportResult | Future[PreparedFile] | PreparedFile,
+    thread: Thread | None,
+    path: Path,
+    *,
+    user: AbstractBaseUser,
+) -> ImportResult:
+    """The result of one planned file: a file that breaks the importer is a failed file,
+    not the end of the run."""
+    if isinstance(item, ImportResult):
+        return item
+    try:
+        prepared = item.result() if isinstance(item, Future) else item
+        return write_prepared(prepared, user=user, known=thread)
+    except Exception as exc:
+        logger.exception("importing %s failed", path)
         return ImportResult(
             path=path,
             outcome="failed",
-            error=f"{path}: {_megabytes(size)} is larger than the transcript limit of {_megabytes(limit)}.",
+            error=f"{path}: could not be imported ({type(exc).__name__}: {exc}).",
         )
-    sha256 = sha256 or file_sha256(path)
-    known = Thread.objects.filter(
-        owner=user, source_path=str(path), source_sha256=sha256, source_size=size
-    ).first()
-    if known is not None:
-        return ImportResult(path=path, outcome="unchanged", thread=known, turns=known.turn_count)
+
+
+def _fork_context() -> multiprocessing.context.BaseContext | None:
+    """Workers are forked: they start at once with the code already loaded (they never
+    touch the database connection they inherit). None where fork does not exist."""
+    if "fork" not in multiprocessing.get_all_start_methods():
+        return None
+    return multiprocessing.get_context("fork")
+
+
+def _same_stat(path: Path, thread: Thread) -> bool:
+    if thread.source_mtime_ns is None:
+        return False
     try:
-        parsed = parse_transcript(path, max_bytes=limit)
-        _check_lengths(parsed, path=path)
-        thread, outcome = _save_thread(parsed, path=path, sha256=sha256, size=size, user=user)
+        stat = path.stat()
+    except OSError:
+        return False
+    return stat.st_size == thread.source_size and stat.st_mtime_ns == thread.source_mtime_ns
+
+
+def _has_copy(thread: Thread) -> bool:
+    return Transcript.objects.filter(thread=thread).exists()
+
+
+def write_prepared(
+    prepared: PreparedFile, *, user: AbstractBaseUser, known: Thread | None
+) -> ImportResult:
+    """Write one prepared file: `known` is the user's thread recorded at the same path."""
+    path = prepared.path
+    if prepared.error:
+        return ImportResult(path=path, outcome="failed", error=prepared.error)
+    if prepared.parsed is None:
+        # The file already imported: remember its mtime (and keep a copy if it had none).
+        assert known is not None
+        with transaction.atomic():
+            if known.source_mtime_ns != prepared.mtime_ns:
+                Thread.objects.filter(pk=known.pk).update(source_mtime_ns=prepared.mtime_ns)
+                known.source_mtime_ns = prepared.mtime_ns
+            if prepared.compressed:
+                _store_copy(known, prepared)
+        return ImportResult(path=path, outcome="unchanged", thread=known, turns=known.turn_count)
+    parsed = prepared.parsed
+    try:
+        thread, outcome = _save_thread(parsed, prepared=prepared, user=user)
     except TranscriptError as exc:
         return ImportResult(path=path, outcome="failed", error=str(exc))
-    except OSError as exc:
-        return ImportResult(
-            path=path, outcome="failed", error=f"{path}: cannot read ({exc.strerror})."
-        )
     return ImportResult(
         path=path, outcome=outcome, thread=thread, turns=len(parsed.turns), problems=parsed.problems
     )
+
+
+def _store_copy(thread: Thread, prepared: PreparedFile) -> None:
+    """Keep the file's compressed bytes as the thread's transcript (replacing any older copy)."""
+    Transcript.objects.update_or_create(
+        thread=thread,
+        defaults={
+            "codec": prepared.codec,
+            "data": prepared.compressed,
+            "size": prepared.size,
+            "sha256": prepared.sha256,
+            "stored_at": timezone.now(),
+        },
+    )
+
+
+class TranscriptUnavailable(Exception):
+    """The thread's transcript can be read neither from the database nor from its file."""
+
+
+def read_transcript(thread: Thread) -> bytes:
+    """The thread's transcript as it was imported: the copy kept in the database, so it
+    reads the same on any machine; for a thread imported before copies were kept, its
+    file (if it is still there and not over the transcript limit). TranscriptUnavailable
+    saying why not."""
+    row = Transcript.objects.filter(thread=thread).first()
+    if row is not None:
+        try:
+            return store.decompress(row.codec, bytes(row.data))
+        except store.StoredTranscriptError as exc:
+            raise TranscriptUnavailable(f"the transcript of thread {thread.pk}: {exc}") from None
+    path = Path(thread.source_path)
+    limit = max_transcript_bytes()
+    try:
+        with path.open("rb") as handle:
+            data = handle.read(limit + 1)
+    except FileNotFoundError:
+        raise TranscriptUnavailable(f"the transcript {path} is gone") from None
+    except OSError as exc:
+        raise TranscriptUnavailable(
+            f"the transcript {path} cannot be read: {exc.strerror or exc}"
+        ) from None
+    if len(data) > limit:
+        raise TranscriptUnavailable(f"the transcript {path} is larger than {limit:,} bytes")
+    return data
+
+
+def transcript_copy_sha256(thread: Thread) -> str | None:
+    """The sha256 of the thread's stored copy (None: no copy is kept)."""
+    return Transcript.objects.filter(thread=thread).values_list("sha256", flat=True).first()
 
 
 def import_uploaded_transcript(
@@ -280,8 +509,9 @@ def _recorded_elsewhere(thread: Thread, path: Path) -> bool:
 
 
 def _save_thread(
-    parsed: ParsedThread, *, path: Path, sha256: str, size: int, user: AbstractBaseUser
+    parsed: ParsedThread, *, prepared: PreparedFile, user: AbstractBaseUser
 ) -> tuple[Thread, Outcome]:
+    path, sha256, size = prepared.path, prepared.sha256, prepared.size
     table = price_table()
     turns = [_turn_row(turn, table) for turn in parsed.turns]
     totals = _totals(turns)
@@ -297,6 +527,7 @@ def _save_thread(
         "source_path": str(path),
         "source_sha256": sha256,
         "source_size": size,
+        "source_mtime_ns": prepared.mtime_ns,
         **totals,
     }
     with transaction.atomic():
@@ -313,8 +544,13 @@ def _save_thread(
         if thread is not None and thread.source_sha256 == sha256:
             # Same content seen under another path: remember where it lives now.
             if thread.source_path != str(path):
-                Thread.objects.filter(pk=thread.pk).update(source_path=str(path))
+                Thread.objects.filter(pk=thread.pk).update(
+                    source_path=str(path), source_mtime_ns=prepared.mtime_ns
+                )
                 thread.source_path = str(path)
+                thread.source_mtime_ns = prepared.mtime_ns
+            if not _has_copy(thread):
+                _store_copy(thread, prepared)
             return thread, "unchanged"
         if thread is None:
             thread = Thread.objects.create(
@@ -329,7 +565,8 @@ def _save_thread(
             outcome = "updated"
         for turn in turns:
             turn.thread = thread
-        Turn.objects.bulk_create(turns)
+        Turn.objects.bulk_create(turns, batch_size=500)
+        _store_copy(thread, prepared)
     return thread, outcome
 
 

@@ -139,6 +139,9 @@ class Thread(TokenTotals):
     source_path = models.CharField(max_length=4096)
     source_sha256 = models.CharField(max_length=SHA256_LENGTH)
     source_size = models.BigIntegerField()
+    # The file's mtime at import (ns): an import that finds the same size and mtime skips
+    # the file unread. Null: not known, or too recent to vouch for the content.
+    source_mtime_ns = models.BigIntegerField(null=True, blank=True)
     turn_count = models.PositiveIntegerField(default=0)
     models_used = models.JSONField(default=list, blank=True)
     seconds = models.FloatField(null=True, blank=True)

@@ -17,7 +17,7 @@ from replays import approval, context, importing, planning
 from replays.agents.base import ForkedSession, RunContext
 from replays.agents.claude_code import ClaudeCodeAgent, claude_project_slug
 from replays.agents.codex import CodexAgent
-from replays.models import PlanStatus, Run, RunStatus, Thread, Turn
+from replays.models import PlanStatus, Run, RunStatus, Thread, Transcript, Turn
 from replays.transcripts import parse_transcript
 from replays.transcripts.base import MAX_FINAL_ANSWER_CHARS, ParsedTurn
 from tests.conftest import FIXTURES, REAL_TRANSCRIPTS, manifest_session
@@ -154,7 +154,9 @@ def test_a_chosen_mode_is_kept_and_an_impossible_fork_blocks_with_the_reason(
 def test_a_transcript_gone_falls_back_to_the_digest_and_blocks_a_chosen_fork(
     real_threads: Any, tmp_path: Path
 ) -> None:
+    """A thread imported before transcripts were stored, whose file is gone."""
     thread = real_threads["claude-cli"]
+    Transcript.objects.filter(thread=thread).delete()
     thread.source_path = str(tmp_path / "gone.jsonl")
     resolved = context.resolve_modes(thread, turn(thread, 2), [CLAUDE], None)
     assert resolved[CLAUDE] == context.Resolved(
@@ -225,9 +227,12 @@ def test_approved_runs_carry_their_mode_their_requests_and_the_digest(
 def test_approval_refuses_a_context_that_changed(
     user: User, real_threads: Any, sample_repo: Path, tmp_path: Path
 ) -> None:
+    """Between prepare and approval the transcript a fork would cut went away: its stored
+    copy deleted and its file moved."""
     thread = real_threads["claude-cli"]
     raw = {"configurations": [item(thread, sample_repo, 2)], "models": [CLAUDE]}
     prepared = planning.prepare_plan(owner=user, raw_configuration=raw)
+    Transcript.objects.filter(thread=thread).delete()
     Thread.objects.filter(pk=thread.pk).update(source_path=str(tmp_path / "moved.jsonl"))
     with pytest.raises(approval.ApprovalError) as caught:
         approval.approve_plan(
@@ -355,6 +360,48 @@ def test_the_codex_cut_ends_with_the_turn_before_and_keeps_the_thread_totals(
     ][-1]
     assert fork.base_usage == last_count and fork.base_usage["input_tokens"] == 39400
     assert (fork.file_name, fork.day_folder) == (Path(thread.source_path).name, "2026/11/29")
+
+
+@pytest.mark.parametrize("name", ["claude-cli", "codex-char-count"])
+def test_a_fork_works_from_the_stored_copy_after_the_file_is_deleted(
+    user: User, tmp_path: Path, sample_repo: Path, name: str
+) -> None:
+    """The transcript is kept compressed in the database at import: with the file gone (or
+    on a machine that never saw it), the cut, the digest and the fork are the same."""
+    source = REAL_TRANSCRIPTS / manifest_session(name)["path"]
+    copy = tmp_path / "history" / source.name
+    copy.parent.mkdir()
+    copy.write_bytes(source.read_bytes())
+    thread = importing.import_transcript_file(path=copy, user=user).thread
+    assert thread is not None
+    stored = Transcript.objects.get(thread=thread)
+    assert stored.codec in ("zstd", "zlib") and stored.size == len(source.read_bytes())
+    assert len(bytes(stored.data)) < stored.size
+    second = turn(thread, 2)
+    before = (context.cut_transcript(thread, second), context.transcript_digest(thread))
+    workspace = tmp_path / "run" / "workspace"
+    workspace.mkdir(parents=True)
+    fork_before = context.fork_session(thread, second, workspace=workspace, repository=sample_repo)
+    copy.unlink()
+    assert importing.read_transcript(thread) == source.read_bytes()
+    assert (context.cut_transcript(thread, second), context.transcript_digest(thread)) == before
+    assert context.fork_problem(thread, second, thread.source_kind) == ""
+    fork_after = context.fork_session(thread, second, workspace=workspace, repository=sample_repo)
+    assert fork_after == fork_before
+
+
+def test_a_reimported_changed_file_replaces_the_stored_copy(user: User, tmp_path: Path) -> None:
+    source = REAL_TRANSCRIPTS / manifest_session("claude-cli")["path"]
+    copy = tmp_path / source.name
+    lines = source.read_bytes().splitlines(keepends=True)
+    copy.write_bytes(b"".join(lines[:-1]))
+    thread = importing.import_transcript_file(path=copy, user=user).thread
+    assert thread is not None
+    assert importing.read_transcript(thread) == b"".join(lines[:-1])
+    copy.write_bytes(source.read_bytes())
+    assert importing.import_transcript_file(path=copy, user=user).outcome == "updated"
+    assert importing.read_transcript(thread) == source.read_bytes()
+    assert Transcript.objects.get(thread=thread).sha256 == importing.file_sha256(source)
 
 
 @pytest.mark.parametrize("name", ["claude-cli", "codex-char-count"])

@@ -7,6 +7,7 @@ as LineProblems and skipped.
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 from typing import Any
@@ -42,15 +43,16 @@ CODEX = "codex"
 DEFAULT_MAX_BYTES = 50 * 1024 * 1024
 
 
-def detect_kind(path: Path) -> str:
-    """``"claude_code"`` or ``"codex"``, from the first line that looks like either.
+def detect_kind(path: Path, data: bytes | None = None) -> str:
+    """``"claude_code"`` or ``"codex"``, from the first line that looks like either
+    (of ``data``, the file's bytes, when given).
 
     Reads only as far as it must (usually the first line). Raises
     TranscriptError when the file is unreadable, binary, or holds no line of
     either format.
     """
     try:
-        with path.open("rb") as handle:
+        with path.open("rb") if data is None else io.BytesIO(data) as handle:
             first_line = True  # no non-blank line decoded yet
             for raw in handle:
                 if first_line:
@@ -95,15 +97,25 @@ def _line_kind(value: Any) -> str | None:
     return None
 
 
-def parse_transcript(path: Path, *, max_bytes: int = DEFAULT_MAX_BYTES) -> ParsedThread:
+def parse_transcript(
+    path: Path, *, max_bytes: int = DEFAULT_MAX_BYTES, data: bytes | None = None
+) -> ParsedThread:
     """Parse a Claude Code or Codex transcript, refusing files that are neither.
+
+    ``data``: the file's bytes, when the caller read them (at most ``max_bytes + 1``);
+    sub-agent files are still read from beside ``path``.
 
     Raises TranscriptError (naming the file) when it is larger than
     ``max_bytes``, empty, not UTF-8 text, or not a transcript.
     """
-    # Checked before sniffing so a huge file is refused without reading it.
-    check_size(path, max_bytes=max_bytes)
-    kind = detect_kind(path)
+    if data is None:
+        # Checked before sniffing so a huge file is refused without reading it.
+        check_size(path, max_bytes=max_bytes)
+    elif len(data) > max_bytes:
+        raise TranscriptError(
+            f"{path.name} is {len(data)} bytes, larger than the limit of {max_bytes} bytes"
+        )
+    kind = detect_kind(path, data)
     if kind == CODEX:
-        return parse_codex(path, max_bytes=max_bytes)
-    return parse_claude_code(path, max_bytes=max_bytes)
+        return parse_codex(path, max_bytes=max_bytes, data=data)
+    return parse_claude_code(path, max_bytes=max_bytes, data=data)

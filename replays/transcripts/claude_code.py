@@ -6,6 +6,7 @@ it from here), so both refuse whole files and report bad lines the same way.
 
 from __future__ import annotations
 
+import io
 import json
 import re
 from bisect import bisect_right
@@ -15,6 +16,8 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
+
+import orjson
 
 from replays.transcripts.base import (
     MAX_EVIDENCE_COMMAND_CHARS,
@@ -98,17 +101,27 @@ class JsonLines:
     skipped, so one damaged line never costs the rest of a session.
     """
 
-    def __init__(self, path: Path, *, max_bytes: int) -> None:
+    def __init__(self, path: Path, *, max_bytes: int, data: bytes | None = None) -> None:
+        """``data``: the file's bytes when the caller has read them already (the importer
+        hashes and stores the same bytes it parses)."""
         self.path = path
         self.max_bytes = max_bytes
+        self.data = data
         self.problems: list[LineProblem] = []
         self.lines_read = 0  # non-blank lines, good or bad
-        check_size(path, max_bytes=max_bytes)
+        if data is None:
+            check_size(path, max_bytes=max_bytes)
+        elif len(data) > max_bytes:
+            raise TranscriptError(
+                f"{path.name} is {len(data)} bytes, larger than the limit of {max_bytes} bytes"
+            )
+        elif not data:
+            raise TranscriptError(f"{path.name} is empty")
 
     def __iter__(self) -> Iterator[tuple[int, Any]]:
         bytes_read = 0
         try:
-            with self.path.open("rb") as handle:
+            with self.path.open("rb") if self.data is None else io.BytesIO(self.data) as handle:
                 for line_number, raw in enumerate(handle, start=1):
                     bytes_read += len(raw)
                     if bytes_read > self.max_bytes:
@@ -133,6 +146,18 @@ class JsonLines:
         if not raw.strip():
             return _SKIP
         self.lines_read += 1
+        if b"\x00" not in raw:
+            # orjson reads every well-formed line (most of them) several times faster than
+            # json; whatever it refuses (bad UTF-8 or JSON, NaN, a lone surrogate, deep
+            # nesting) is read again below, so problems are reported as before.
+            try:
+                value = orjson.loads(raw)
+            except orjson.JSONDecodeError:
+                pass
+            else:
+                if _UNSTORABLE_ESCAPE_RE.search(raw):
+                    value = clean_strings(value)
+                return value
         try:
             if b"\x00" in raw:
                 raise UnicodeDecodeError("utf-8", raw, 0, 1, "NUL byte")
@@ -337,15 +362,15 @@ class _State:
 
 
 def parse_claude_code(
-    path: Path, *, max_bytes: int, include_subagents: bool = True
+    path: Path, *, max_bytes: int, include_subagents: bool = True, data: bytes | None = None
 ) -> ParsedThread:
-    """Parse one Claude Code session file.
+    """Parse one Claude Code session file (its bytes ``data`` when already read).
 
     With ``include_subagents`` the sub-agent transcripts Claude Code keeps in
     ``<sessionId>/subagents/*.jsonl`` beside the file are read too, and their
     usage is added to the turn whose time window contains them.
     """
-    lines = JsonLines(path, max_bytes=max_bytes)
+    lines = JsonLines(path, max_bytes=max_bytes, data=data)
     state = _State()
     for line_number, value in lines:
         _read_line(state, lines, line_number, value, main_file=True)

@@ -628,9 +628,9 @@ def _item_text(item: dict[str, Any]) -> str:
     return text
 
 
-def parse_codex(path: Path, *, max_bytes: int) -> ParsedThread:
-    """Parse one Codex rollout file."""
-    lines = JsonLines(path, max_bytes=max_bytes)
+def parse_codex(path: Path, *, max_bytes: int, data: bytes | None = None) -> ParsedThread:
+    """Parse one Codex rollout file (its bytes ``data`` when already read)."""
+    lines = JsonLines(path, max_bytes=max_bytes, data=data)
     reader = _Reader(lines)
     reader.read()
     if not reader.recognised:
