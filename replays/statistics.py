@@ -106,10 +106,12 @@ def head_to_head(
     common is left out (no record, rather than 0-0-0).
     """
     records: dict[tuple[str, str], Record] = {}
-    for a, a_scores in scores.items():
-        for b, b_scores in scores.items():
-            if a == b:
-                continue
+    models = list(scores)
+    # Each pair once: b's record against a is a's mirrored (its wins are a's losses).
+    for index, a in enumerate(models):
+        a_scores = scores[a]
+        for b in models[index + 1 :]:
+            b_scores = scores[b]
             shared = a_scores.keys() & b_scores.keys()
             if not shared:
                 continue
@@ -123,4 +125,5 @@ def head_to_head(
                 else:
                     losses += 1
             records[(a, b)] = Record(wins, ties, losses)
+            records[(b, a)] = Record(losses, ties, wins)
     return records

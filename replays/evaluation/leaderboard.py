@@ -212,7 +212,7 @@ class Leaderboard:
 # --- reading ------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class _Entry:
     """One run as the leaderboard sees it."""
 
@@ -258,71 +258,98 @@ def _entries(user: Any, filters: Filters) -> list[_Entry]:
             run_context=KT("configuration__context"),
             tokens_used=sum((F(name) for name in TOKEN_FIELDS[1:]), F(TOKEN_FIELDS[0])),
         )
-        .values(
-            "id",
-            "model",
-            "status",
-            "failure_code",
-            "cost_usd",
-            "wall_seconds",
-            "tokens_used",
-            "thread_id",
-            "start_uuid",
-            "end_uuid",
-            "run_context",
-            "batch__evaluator",
-            "current__status",
-            "current__winner",
-            "current__score_replay",
-            "current__consistent",
-            "current__evaluator",
-            "current__prompt_version",
-            "current__context",
-        )
+        .values_list(*_ENTRY_FIELDS)
         .order_by("id")
     )
-    return [_entry(row) for row in values]
+    # Tuples, not dicts: at 10,000 runs the page's time goes to building each row.
+    return [_entry(*row) for row in values]
 
 
-def _entry(row: dict[str, Any]) -> _Entry:
-    report_status = row["current__status"]
+# The columns _entry reads, in its parameters' order.
+_ENTRY_FIELDS = (
+    "id",
+    "model",
+    "status",
+    "failure_code",
+    "cost_usd",
+    "wall_seconds",
+    "tokens_used",
+    "thread_id",
+    "start_uuid",
+    "end_uuid",
+    "run_context",
+    "batch__evaluator",
+    "current__status",
+    "current__winner",
+    "current__score_replay",
+    "current__consistent",
+    "current__evaluator",
+    "current__prompt_version",
+    "current__context",
+)
+
+
+def _entry(
+    run_id: int,
+    model: str,
+    status: str,
+    failure_code: str,
+    cost: Decimal | None,
+    seconds: float | None,
+    tokens_used: int,
+    thread_id: int,
+    start_uuid: str | None,
+    end_uuid: str | None,
+    run_context: str | None,
+    batch_evaluator: str,
+    report_status: str | None,
+    winner: str | None,
+    score: float | None,
+    consistent: bool | None,
+    report_evaluator: str | None,
+    report_prompt_version: str | None,
+    report_context: str | None,
+) -> _Entry:
     reason = ""
     if report_status == ReportStatus.JUDGED:
-        outcome = _JUDGED_OUTCOMES[row["current__winner"]]
+        outcome = _JUDGED_OUTCOMES[winner]
     elif report_status == ReportStatus.REVIEW_FAILED:
         outcome, reason = NOT_COUNTED, "review_failed"
-    elif row["status"] == RunStatus.FAILED and row["failure_code"] in COUNTED_FAILURES:
+    elif status == RunStatus.FAILED and failure_code in COUNTED_FAILURES:
         outcome = FAILED
-    elif row["status"] == RunStatus.FAILED:
-        outcome, reason = NOT_COUNTED, row["failure_code"]
-    elif row["status"] == RunStatus.CANCELLED:
+    elif status == RunStatus.FAILED:
+        outcome, reason = NOT_COUNTED, failure_code
+    elif status == RunStatus.CANCELLED:
         outcome, reason = NOT_COUNTED, "cancelled"
     else:
         outcome, reason = NOT_COUNTED, "awaiting_report"
     if report_status is not None:
-        evaluator, prompt_version = row["current__evaluator"], row["current__prompt_version"]
-        context = row["current__context"]
+        evaluator, prompt_version, context = (
+            report_evaluator,
+            report_prompt_version,
+            report_context,
+        )
     else:
         # No report: the run is in the view of its batch's evaluator, any prompt version.
-        evaluator, prompt_version = row["batch__evaluator"], None
-        context = row["run_context"] or CONTEXT_COLD
-    cost = row["cost_usd"]
-    if cost is None and row["status"] != RunStatus.COMPLETED and not row["tokens_used"]:
+        evaluator, prompt_version = batch_evaluator, None
+        context = run_context or CONTEXT_COLD
+    if cost is None and status != RunStatus.COMPLETED and not tokens_used:
         # A run that did no work (it never started) spent nothing: that is known.
         cost = Decimal(0)
+    judged = outcome in (WIN, TIE, LOSS)
     return _Entry(
-        run=row["id"],
-        model=row["model"],
+        run=run_id,
+        model=model,
         outcome=outcome,
         reason=reason,
         evaluator=evaluator,
         prompt_version=prompt_version,
         context=context,
-        score=row["current__score_replay"] if outcome in (WIN, TIE, LOSS) else None,
-        consistent=row["current__consistent"] if outcome in (WIN, TIE, LOSS) else None,
+        score=score if judged else None,
+        consistent=consistent if judged else None,
         cost=cost,
-        seconds=row["wall_seconds"],
-        request=(row["thread_id"], row["start_uuid"] or "", row["end_uuid"] or ""),
+        seconds=seconds,
+        request=(thread_id, start_uuid or "", end_uuid or ""),
     )
 
 
