@@ -170,7 +170,7 @@ def test_a_failure_inside_the_write_leaves_no_partial_thread(tmp_path: Path, mon
     def explode(*args: object, **kwargs: object) -> None:
         raise RuntimeError("disk full")
 
-    monkeypatch.setattr(Turn.objects, "bulk_create", explode)
+    monkeypatch.setattr(importing, "_insert_turns", explode)
     with pytest.raises(RuntimeError):
         importing.import_transcript_file(path=path, user=importer())
     assert Thread.objects.count() == 0

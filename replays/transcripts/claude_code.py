@@ -155,7 +155,7 @@ class JsonLines:
             except orjson.JSONDecodeError:
                 pass
             else:
-                if _UNSTORABLE_ESCAPE_RE.search(raw):
+                if b"\\u" in raw and _UNSTORABLE_ESCAPE_RE.search(raw):
                     value = clean_strings(value)
                 return value
         try:
@@ -294,6 +294,8 @@ def token_count(container: dict[str, Any], key: str) -> int:
     """A whole token count from 0 to MAX_LINE_TOKENS; ValueError (TokensOutOfRange above
     the bound) when the field holds something else."""
     value = container.get(key)
+    if type(value) is int and 0 <= value <= MAX_LINE_TOKENS:
+        return value  # the usual case, first: this runs for every count of every line
     if value is None:
         return 0
     # bool is an int subclass; true/false in a count field is a broken line.
@@ -333,6 +335,8 @@ class _Response:
     cost_usd: float | None = None
     # When the request this response answers was written (the user line before it).
     asked_at: datetime | None = None
+    # The last usage object read for it, as written: a sibling repeating it adds nothing.
+    raw_usage: dict[str, Any] | None = None
 
 
 @dataclass
@@ -474,6 +478,8 @@ def _read_line(
 def _read_metadata(state: _State, value: dict[str, Any]) -> None:
     # The first line that carries each field wins: later lines repeat it, and a
     # `cd` during the session should not move the thread's recorded cwd.
+    if state.session_id and state.cwd and state.git_branch and state.cli_version:
+        return  # all known (from the first few lines on)
     for key, attr in (
         ("sessionId", "session_id"),
         ("cwd", "cwd"),
@@ -559,7 +565,19 @@ def _read_assistant(
         return
     if not isinstance(model, str) or not model:
         model = "unknown"
-    usage = anthropic_usage(message.get("usage"), where="message.usage")
+    message_id = message.get("id")
+    request_id = value.get("requestId")
+    if isinstance(message_id, str) and message_id:
+        key = (message_id, request_id if isinstance(request_id, str) else "")
+    else:
+        # Without an id a line cannot be matched to its siblings; count it alone.
+        key = ("line", f"{lines.path.name}:{line_number}")
+    response = state.responses.get(key)
+    raw_usage = message.get("usage")
+    # A streamed sibling repeating the usage already counted (most of them do) is not
+    # read again: the same object gave a valid usage before.
+    repeated = response is not None and raw_usage == response.raw_usage
+    usage = TokenUsage() if repeated else anthropic_usage(raw_usage, where="message.usage")
     cost = _cost(value.get("costUSD"))
 
     if from_subagent:
@@ -570,20 +588,14 @@ def _read_assistant(
     else:
         return  # work before the first real prompt serves no turn
 
-    message_id = message.get("id")
-    request_id = value.get("requestId")
-    if isinstance(message_id, str) and message_id:
-        key = (message_id, request_id if isinstance(request_id, str) else "")
-    else:
-        # Without an id a line cannot be matched to its siblings; count it alone.
-        key = ("line", f"{lines.path.name}:{line_number}")
-
-    response = state.responses.get(key)
     counted = response.usage if response is not None else TokenUsage()
-    # Streamed siblings repeat usage, often growing (output_tokens especially):
-    # the largest value per kind is the response's usage, counted once.
-    merged = max_usage(counted, usage)
-    state.budget.add(merged - counted)  # past the session's bound: the line is skipped
+    if repeated:
+        merged = counted
+    else:
+        # Streamed siblings repeat usage, often growing (output_tokens especially):
+        # the largest value per kind is the response's usage, counted once.
+        merged = max_usage(counted, usage)
+        state.budget.add(merged - counted)  # past the session's bound: the line is skipped
     if response is None:
         # The first line of a response decides its turn; a sub-agent file that
         # repeats a response already seen in the main file does not move it.
@@ -592,6 +604,8 @@ def _read_assistant(
         )
         state.responses[key] = response
     response.usage = merged
+    if isinstance(raw_usage, dict):
+        response.raw_usage = raw_usage
     response.first_at = min(response.first_at, at)
     response.last_at = max(response.last_at, at)
     if cost is not None:
