@@ -23,7 +23,7 @@ import subprocess
 import threading
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
@@ -32,7 +32,13 @@ from types import FrameType
 from typing import Any
 
 from django.conf import settings
-from django.db import DatabaseError, close_old_connections, connections
+from django.db import (
+    DatabaseError,
+    InterfaceError,
+    OperationalError,
+    close_old_connections,
+    connections,
+)
 from django.utils import timezone
 
 from replays import access, agents, context, pricing, processes, repos, runfolder
@@ -66,7 +72,8 @@ logger = logging.getLogger(__name__)
 POLL_SECONDS = 0.1
 # A failure message quotes this much of the agent's words at most.
 MAX_MESSAGE_CHARS = 4000
-FINAL_WRITE_ATTEMPTS = 5
+# A write that meets a database outage is tried again after this long, doubling up to 5 s.
+OUTAGE_RETRY_SECONDS = 0.5
 
 
 class RunGone(processes.StopRequested):
@@ -592,7 +599,10 @@ class _Member:
         acts on); a run that is no longer running raises RunGone.
         """
         try:
-            self._update(heartbeat_at=timezone.now(), log_tail=self._log_tail())
+            # Never waits: the agent is watched meanwhile, and the next beat tries again.
+            self._update(
+                wait_out_outage=False, heartbeat_at=timezone.now(), log_tail=self._log_tail()
+            )
             return self._cancel_requested()
         except DatabaseError as exc:
             logger.warning("Run %s: heartbeat skipped: %s", self.run.pk, exc)
@@ -648,17 +658,9 @@ class _Member:
         }
         if result.turns is not None:
             values["turns"] = result.turn_records
-        for attempt in range(1, FINAL_WRITE_ATTEMPTS + 1):
-            try:
-                written = Run.objects.filter(pk=self.run.pk, status=RunStatus.RUNNING).update(
-                    **values
-                )
-                break
-            except DatabaseError:
-                close_old_connections()
-                if attempt == FINAL_WRITE_ATTEMPTS:
-                    raise
-                time.sleep(attempt)
+        written = _through_an_outage(
+            lambda: Run.objects.filter(pk=self.run.pk, status=RunStatus.RUNNING).update(**values)
+        )
         if not written:
             logger.warning(
                 "Run %s was finished elsewhere; its result was not written.", self.run.pk
@@ -670,8 +672,11 @@ class _Member:
 
     # --- helpers -------------------------------------------------------------------
 
-    def _update(self, **values: Any) -> None:
-        if not Run.objects.filter(pk=self.run.pk, status=RunStatus.RUNNING).update(**values):
+    def _update(self, *, wait_out_outage: bool = True, **values: Any) -> None:
+        def write() -> int:
+            return Run.objects.filter(pk=self.run.pk, status=RunStatus.RUNNING).update(**values)
+
+        if not (_through_an_outage(write) if wait_out_outage else write()):
             raise RunGone()
 
     def _timeout_seconds(self) -> float:
@@ -754,6 +759,25 @@ def _heartbeat_in_background(run_id: int) -> Iterator[None]:
     finally:
         stop.set()
         thread.join()
+
+
+def _through_an_outage(write: Callable[[], int]) -> int:
+    """Run a conditional write, waiting out a database that cannot be reached: an agent
+    that ended while the database was down keeps its result. Tried again (on a fresh
+    connection) until the stale limit has passed; by then a reconcile counts the run as
+    lost anyway (the design), and the coordinator gives up with the error."""
+    give_up = time.monotonic() + float(settings.REPLAYS_HEARTBEAT_STALE_SECONDS)
+    pause = OUTAGE_RETRY_SECONDS
+    while True:
+        try:
+            return write()
+        except (OperationalError, InterfaceError) as exc:
+            close_old_connections()
+            if time.monotonic() >= give_up:
+                raise
+            logger.warning("The database cannot be reached (%s); trying again.", exc)
+            time.sleep(pause)
+            pause = min(pause * 2, 5.0)
 
 
 def _stop_on_signals() -> dict[int, Any]:

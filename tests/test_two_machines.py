@@ -55,8 +55,10 @@ print(json.dumps([run.pk for run in runs]))
 RECONCILE = "from django_q.tasks import async_task; async_task('replays.tasks.reconcile_runs_task')"
 
 
-@pytest.fixture(scope="module")
-def engines() -> Iterator[Engines]:
+# Fixtures named apart from their functions, so other modules import them without
+# shadowing (tests/test_engine_faults.py).
+@pytest.fixture(scope="module", name="engines")
+def engines_fixture() -> Iterator[Engines]:
     skip_on_the_shared_postgres_pass()
     yield from private_engines()
 
@@ -243,11 +245,12 @@ def wait_until(condition: Callable[[], Any], *, seconds: float, what: str) -> An
     pytest.fail(f"waited {seconds}s for {what}")
 
 
-@pytest.fixture
-def site(engines: Engines, tmp_path: Path) -> Iterator[Site]:
+@pytest.fixture(name="site")
+def site_fixture(engines: Engines, tmp_path: Path) -> Iterator[Site]:
     marker = tmp_path / "starts.txt"
     # One batch has each model once: s1000, s1001, ... all sleep about a second.
-    models = [f"s{ms}" for start in (300, 1000, 60000) for ms in range(start, start + 20)]
+    starts = (300, 1000, 3000, 12000, 20000, 40000, 60000)
+    models = [f"s{ms}" for start in starts for ms in range(start, start + 20)]
     agents = {
         "nap": {
             "kind": "command",
@@ -275,8 +278,8 @@ def site(engines: Engines, tmp_path: Path) -> Iterator[Site]:
                ending=ending, base_env=base_env)  # fmt: skip
 
 
-@pytest.fixture
-def machines(site: Site) -> Iterator[list[Machine]]:
+@pytest.fixture(name="machines")
+def machines_fixture(site: Site) -> Iterator[list[Machine]]:
     started: list[Machine] = []
     yield started
     for machine in started:
