@@ -160,14 +160,18 @@ def approve_and_wait(setup: Setup, members: int) -> list[float]:
         dispatch.request_dispatch()
         approved = time.time()
     folders = [runfolder.run_folder(run.pk) for run in runs]
-    times = wait_until(
-        lambda: (lambda found: found if None not in found else None)(
-            [started_at(folder) for folder in folders]
-        ),
-        seconds=600,
-        what="every agent to start",
-    )
     ids = [run.pk for run in runs]
+
+    def every_start() -> list[float] | None:
+        found = [started_at(folder) for folder in folders]
+        if None not in found:
+            return found  # type: ignore[return-value]
+        failed = Run.objects.filter(pk__in=ids, status="failed").first()
+        if failed is not None:
+            raise SystemExit(f"run {failed.pk} failed: {failed.failure_message}")
+        return None
+
+    times = wait_until(every_start, seconds=600, what="every agent to start", poll=0.02)
     wait_until(
         lambda: (
             Run.objects.filter(pk__in=ids).exclude(status__in=FINISHED_RUN_STATUSES).count() == 0

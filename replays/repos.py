@@ -1052,7 +1052,13 @@ def _registered_worktrees(repo: Path) -> list[Path]:
 
 
 def remove_worktree(repo: Path, path: Path) -> None:
-    """`git worktree remove --force path` then `git worktree prune`; a deleted folder is fine."""
+    """`git worktree remove --force path`; a deleted or refused folder is deleted and then
+    forgotten with `git worktree prune`.
+
+    Only then: `remove` already forgets the worktree, and a prune while another run's
+    `worktree add` is halfway (its entry made, not yet marked) deletes that entry and
+    fails the other run (seen with 64 members of a batch on one repository).
+    """
     target = path.absolute()
     try:
         _run_git(
@@ -1068,7 +1074,7 @@ def remove_worktree(repo: Path, path: Path) -> None:
             # git refuses some worktrees (e.g. with initialised submodules);
             # it is ours, so delete it and let prune forget it.
             shutil.rmtree(target)
-    _run_git(repo, ["worktree", "prune"])
+        _run_git(repo, ["worktree", "prune"])
 
 
 # --- protected inputs --------------------------------------------------------
