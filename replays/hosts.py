@@ -151,10 +151,11 @@ def clock_skew(host: Host) -> timedelta:
 
 
 def database_now() -> datetime:
-    """The database's clock, which every host's `last_seen_at` is written by. SQLite lives
-    on this machine, so its clock is this one's."""
+    """The database's clock, which every host's `last_seen_at` is written by (Now(): the
+    statement's time on PostgreSQL, not the transaction's). SQLite lives on this machine,
+    so its clock is this one's."""
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
-            cursor.execute("SELECT now()")
+            cursor.execute("SELECT statement_timestamp()")
             return cursor.fetchone()[0]
     return timezone.now()

@@ -131,9 +131,22 @@ def seen(name: str) -> Host | None:
     return Host.objects.filter(name=name).first()
 
 
+def with_broker(process_env: dict[str, str], broker: str) -> dict[str, str]:
+    if broker == "orm":
+        return process_env
+    url = os.environ.get("REPLAYS_TEST_REDIS_URL", "")
+    if not url:
+        if os.environ.get("REPLAYS_REQUIRE_TOOLS") == "1":
+            pytest.fail("REPLAYS_TEST_REDIS_URL is not set")
+        pytest.skip("no Redis server for tests (set REPLAYS_TEST_REDIS_URL)")
+    return {**process_env, "REDIS_URL": url}
+
+
+@pytest.mark.parametrize("broker", ["orm", "redis"])
 def test_each_cluster_reconciles_its_own_hosts_runs_by_pid_and_others_by_heartbeat(
-    process_env: dict[str, str], user: User
+    process_env: dict[str, str], user: User, broker: str
 ) -> None:
+    process_env = with_broker(process_env, broker)
     on_beta = running(user, host="beta")  # its coordinator is gone; its heartbeat is fresh
     on_gamma = running(user, host="gamma", heartbeat_age=3600)  # no cluster there at all
 
