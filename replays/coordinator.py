@@ -776,7 +776,7 @@ def _through_an_outage(write: Callable[[], int]) -> int:
             if time.monotonic() >= give_up:
                 raise
             logger.warning("The database cannot be reached (%s); trying again.", exc)
-            time.sleep(pause)
+            time.sleep(max(0.0, min(pause, give_up - time.monotonic())))
             pause = min(pause * 2, 5.0)
 
 
