@@ -28,7 +28,8 @@ import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -1022,22 +1023,45 @@ def changed_files(diff: str) -> list[str]:
 # --- worktrees ---------------------------------------------------------------
 
 
+@contextmanager
+def _worktree_list_lock(repo: Path) -> Iterator[None]:
+    """Hold while changing the repository's list of worktrees (add, remove, prune).
+
+    git does not guard it across processes: an add reads every other entry and fails on
+    one another add has only begun ("failed to read .git/worktrees/workspace9/commondir"),
+    a prune deletes such an entry. Many members of a batch on one repository start and
+    end together, so ours take turns. The lock is on the repository's git folder itself
+    (flock on the directory): nothing is written into it, and it is never deleted.
+    """
+    common = _run_git(repo, ["rev-parse", "--path-format=absolute", "--git-common-dir"])
+    fd = os.open(os.fsdecode(common.stdout.strip()), os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
 def add_worktree(repo: Path, path: Path, commit: str) -> None:
-    """`git worktree add --detach path commit`."""
+    """`git worktree add --detach path commit`, the files written outside the lock.
+
+    The worktree is registered with --no-checkout under _worktree_list_lock (a few
+    milliseconds), then its files are written by `git reset --hard`, as git itself does
+    for a worktree add, so members on one large repository still check out in parallel.
+    """
     _refuse_option(commit, "commit")
+    target = str(path.absolute())
     # Hooks (post-checkout) belong to the user's own workflow, not to a replay.
+    no_hooks = ["-c", f"core.hooksPath={os.devnull}"]
+    with _worktree_list_lock(repo):
+        _run_git(
+            repo,
+            [*no_hooks, "worktree", "add", "--no-checkout", "--detach", "--", target, commit],
+            timeout=SLOW_GIT_TIMEOUT_SECONDS,
+        )
     _run_git(
-        repo,
-        [
-            "-c",
-            f"core.hooksPath={os.devnull}",
-            "worktree",
-            "add",
-            "--detach",
-            "--",
-            str(path.absolute()),
-            commit,
-        ],
+        path,
+        [*no_hooks, "reset", "--hard", "--no-recurse-submodules", "--quiet"],
         timeout=SLOW_GIT_TIMEOUT_SECONDS,
     )
 
@@ -1060,21 +1084,22 @@ def remove_worktree(repo: Path, path: Path) -> None:
     fails the other run (seen with 64 members of a batch on one repository).
     """
     target = path.absolute()
-    try:
-        _run_git(
-            repo,
-            ["worktree", "remove", "--force", "--", str(target)],
-            timeout=SLOW_GIT_TIMEOUT_SECONDS,
-        )
-    except GitError:
-        if target.exists():
-            registered = {p.resolve() for p in _registered_worktrees(repo)}
-            if target.resolve() not in registered:
-                raise
-            # git refuses some worktrees (e.g. with initialised submodules);
-            # it is ours, so delete it and let prune forget it.
-            shutil.rmtree(target)
-        _run_git(repo, ["worktree", "prune"])
+    with _worktree_list_lock(repo):
+        try:
+            _run_git(
+                repo,
+                ["worktree", "remove", "--force", "--", str(target)],
+                timeout=SLOW_GIT_TIMEOUT_SECONDS,
+            )
+        except GitError:
+            if target.exists():
+                registered = {p.resolve() for p in _registered_worktrees(repo)}
+                if target.resolve() not in registered:
+                    raise
+                # git refuses some worktrees (e.g. with initialised submodules);
+                # it is ours, so delete it and let prune forget it.
+                shutil.rmtree(target)
+            _run_git(repo, ["worktree", "prune"])
 
 
 # --- protected inputs --------------------------------------------------------
