@@ -13,9 +13,11 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 import traceback
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -119,6 +121,19 @@ def spawn(
 # Coordinators forked by this process that it has not reaped yet (see fork_detached).
 _forked: set[int] = set()
 
+# Held while this process has an flock on an open file (repos' worktree lock, taken by a
+# reconcile in a worker's host-loop thread): an flock belongs to the open file, so a child
+# forked meanwhile would hold it for its whole life, and its own later lock on the same
+# repository would wait for ever on itself (found by the fault suite).
+_no_fork = threading.Lock()
+
+
+@contextmanager
+def no_fork() -> Iterator[None]:
+    """No fork_detached in this process while the block runs."""
+    with _no_fork:
+        yield
+
 
 def fork_detached(
     function: Callable[[], object],
@@ -144,9 +159,11 @@ def fork_detached(
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     try:
-        pid = os.fork()
-        if pid == 0:  # pragma: no cover - runs in the child
-            _forked_child(function, cwd=cwd, env=env, log_fd=log_fd)
+        with _no_fork:
+            pid = os.fork()
+            if pid == 0:  # pragma: no cover - runs in the child
+                _no_fork.release()  # the forking thread held it: free the child's copy
+                _forked_child(function, cwd=cwd, env=env, log_fd=log_fd)
     finally:
         os.close(log_fd)
     _forked.add(pid)

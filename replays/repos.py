@@ -1034,12 +1034,14 @@ def _worktree_list_lock(repo: Path) -> Iterator[None]:
     (flock on the directory): nothing is written into it, and it is never deleted.
     """
     common = _run_git(repo, ["rev-parse", "--path-format=absolute", "--git-common-dir"])
-    fd = os.open(os.fsdecode(common.stdout.strip()), os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)  # releases the lock
+    # No coordinator may be forked from this process while it holds the lock.
+    with processes.no_fork():
+        fd = os.open(os.fsdecode(common.stdout.strip()), os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
 
 
 def add_worktree(repo: Path, path: Path, commit: str) -> None:

@@ -60,7 +60,7 @@ AGENT_SCRIPTS = Path(__file__).resolve().parent / "agent_scripts"
 KINDS = ("web", "cluster", "worker", "coordinator")
 # How often each target is drawn: coordinators die at the most steps; a cluster restart
 # costs seconds.
-WEIGHTS = (2, 1, 2, 5)
+WEIGHTS = (1.5, 1, 2, 5.5)
 # What a kill at each run phase interrupts.
 STEP_OF_PHASE = {
     "queued": "dispatch",
@@ -307,10 +307,17 @@ class FaultLab:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-        # Django starts in about a second; prepare and approve take a fraction of one more.
-        deadline = time.monotonic() + rng.uniform(0.8, 2.6)
+        # Half the kills come at a random moment of start-up and prepare (Django starts in
+        # about a second, prepare takes one more), half just after the plan was shown,
+        # inside approve.
+        in_approve = rng.random() < 0.5
+        delay = rng.uniform(0.0, 0.3) if in_approve else rng.uniform(0.8, 2.4)
+        deadline = time.monotonic() + (30 if in_approve else delay)
         while time.monotonic() < deadline and web.poll() is None:
-            time.sleep(0.01)
+            if in_approve and '"plan"' in out.read_text():
+                deadline = min(deadline, time.monotonic() + delay)
+                in_approve = False
+            time.sleep(0.005)
         self.kill(web.pid)
         web.wait()
         said = [json.loads(line) for line in out.read_text().splitlines() if line.startswith("{")]
