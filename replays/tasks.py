@@ -11,6 +11,7 @@ import errno
 import fcntl
 import hashlib
 import logging
+import os
 import re
 import threading
 import time
@@ -77,7 +78,20 @@ def reconcile_at_cluster_start(sender: Any, proc_name: str = "", **kwargs: Any) 
     if _host_loop_started.is_set():
         return
     _host_loop_started.set()
+    os.register_at_fork(
+        before=_turn_lock.acquire,
+        after_in_parent=_turn_lock.release,
+        after_in_child=_turn_lock.release,
+    )
     threading.Thread(target=host_loop, name="replays-host-loop", daemon=True).start()
+
+
+# Held by the loop thread for the whole of a turn's database work, and taken by any fork
+# of this worker process (a coordinator, REPLAYS_FORK_COORDINATORS) until the fork is done:
+# a forked child must not inherit the thread's open connection (SQLite's own lock state
+# is copied with it, and the child's first write then finds the database locked), so a
+# fork waits for the turn to end, and a turn closes its connections before it lets go.
+_turn_lock = threading.Lock()
 
 
 # Set in a worker process once its loop thread runs (a fork starts with it clear: the
@@ -102,16 +116,20 @@ def host_loop(*, turns: int | None = None) -> None:
     while turns is None or count < turns:
         count += 1
         try:
-            if lock is None:
+            first = lock is None
+            if first:
                 lock = _take_host_lock()
-                if lock is not None:
-                    host_loop_turn(first=True)
-            else:
-                host_loop_turn(first=False)
+            if lock is not None:
+                # The agents' --version runs (a few seconds at worst, cached for minutes)
+                # come before the turn, so a fork never waits for them.
+                hosts.agent_versions()
+                with _turn_lock:
+                    try:
+                        host_loop_turn(first=first)
+                    finally:
+                        connections.close_all()  # this thread's connections only
         except Exception:
             logger.exception("The host loop's turn failed; it tries again")
-        finally:
-            connections.close_all()  # this thread's connections only
         time.sleep(host_loop_seconds())
 
 
