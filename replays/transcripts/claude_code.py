@@ -312,18 +312,18 @@ def token_count(container: dict[str, Any], key: str) -> int:
 
 def max_usage(a: TokenUsage, b: TokenUsage) -> TokenUsage:
     return TokenUsage(
-        input_tokens=max(a.input_tokens, b.input_tokens),
-        output_tokens=max(a.output_tokens, b.output_tokens),
-        cache_read_tokens=max(a.cache_read_tokens, b.cache_read_tokens),
-        cache_write_5m_tokens=max(a.cache_write_5m_tokens, b.cache_write_5m_tokens),
-        cache_write_1h_tokens=max(a.cache_write_1h_tokens, b.cache_write_1h_tokens),
+        max(a.input_tokens, b.input_tokens),
+        max(a.output_tokens, b.output_tokens),
+        max(a.cache_read_tokens, b.cache_read_tokens),
+        max(a.cache_write_5m_tokens, b.cache_write_5m_tokens),
+        max(a.cache_write_1h_tokens, b.cache_write_1h_tokens),
     )
 
 
 # --- Claude Code ----------------------------------------------------------------
 
 
-@dataclass
+@dataclass(slots=True)
 class _Response:
     """One API response, possibly streamed over several lines sharing (message.id, requestId)."""
 
@@ -645,11 +645,11 @@ def anthropic_usage(raw: object, *, where: str = "usage") -> TokenUsage:
         # Whatever the split does not explain is priced as the default 5m write.
         write_5m += max(0, cache_write - write_5m - write_1h)
     return TokenUsage(
-        input_tokens=token_count(raw, "input_tokens"),
-        output_tokens=token_count(raw, "output_tokens"),
-        cache_read_tokens=token_count(raw, "cache_read_input_tokens"),
-        cache_write_5m_tokens=write_5m,
-        cache_write_1h_tokens=write_1h,
+        token_count(raw, "input_tokens"),
+        token_count(raw, "output_tokens"),
+        token_count(raw, "cache_read_input_tokens"),
+        write_5m,
+        write_1h,
     )
 
 
