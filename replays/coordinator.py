@@ -814,7 +814,7 @@ def _request_dispatch() -> None:
     try:
         from replays import dispatch
 
-        dispatch.request_dispatch()
+        dispatch.request_dispatch_if_waiting()
     except Exception as exc:  # noqa: BLE001 - the schedule dispatches later anyway
         logger.warning("Could not request a dispatch: %s", _describe(exc))
 

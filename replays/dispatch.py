@@ -282,6 +282,17 @@ def request_dispatch() -> None:
     transaction.on_commit(_enqueue_dispatch)
 
 
+def request_dispatch_if_waiting() -> None:
+    """A run ended and freed its slot: ask for a dispatch when a queued run waits for one.
+
+    When none waits, nothing is asked: a run queued later asks for its own dispatch as it
+    is queued (approval). Launching a batch of 64 no longer runs 64 empty dispatch tasks
+    beside the coordinators still starting, one per member that ends meanwhile.
+    """
+    if _queued_in_order().exists():
+        request_dispatch()
+
+
 def _enqueue_dispatch() -> None:
     from django_q.tasks import async_task
 
