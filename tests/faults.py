@@ -76,9 +76,11 @@ ROUND = 6
 # of one of the cluster's multiprocessing queues takes no task again (the lock is never
 # released; the replacement process waits on it for ever), though every process looks
 # alive. Queued members then wait: they are not lost (still queued), and a restarted
-# cluster dispatches them. The driver restarts a cluster that left members queued with
-# free slots this long, and counts it.
-WEDGED_SECONDS = 4.0
+# cluster dispatches them. When no active member moved (claim, step or heartbeat) for this
+# long, the driver restarts the cluster as a watchdog would, and counts it with what the
+# cluster's processes were doing. A hung coordinator is not helped by that: it still
+# fails the trial when the settle time runs out.
+WEDGED_SECONDS = 8.0
 
 # The web process: prepare, say the plan and its token, approve, say the batch.
 WEB = """
@@ -142,7 +144,7 @@ class FaultLab:
     steps: Counter[str] = field(default_factory=Counter)
     trials: list[Trial] = field(default_factory=list)
     retried_approvals: int = 0
-    wedged: int = 0
+    wedges: list[str] = field(default_factory=list)
     timings: Counter[str] = field(default_factory=Counter)
     small_repo: tuple[Path, str, str] | None = None
 
@@ -396,6 +398,7 @@ class FaultLab:
         deadline = time.monotonic() + SETTLE_SECONDS
         next_dispatch = time.monotonic() + 1
         last_active = time.monotonic()
+        last_state: list[Any] = []
         while Run.objects.filter(status__in=ACTIVE_RUN_STATUSES).exists():
             if time.monotonic() > deadline:
                 left = list(
@@ -409,11 +412,17 @@ class FaultLab:
             if self.cluster is None or self.cluster.poll() is not None:
                 self.start_cluster()
                 last_active = time.monotonic()
-            if Run.objects.filter(status__in=[RunStatus.LAUNCHING, RunStatus.RUNNING]).exists():
+            state = list(
+                Run.objects.filter(status__in=ACTIVE_RUN_STATUSES).values_list(
+                    "id", "status", "phase", "heartbeat_at"
+                )
+            )
+            if state != last_state:
+                last_state = state
                 last_active = time.monotonic()
             elif time.monotonic() - last_active > WEDGED_SECONDS:
-                # Queued members, free slots, dispatches asked for and none taken.
-                self.wedged += 1
+                # Nothing moved (no claim, no step, no heartbeat) with dispatches asked for.
+                self.wedges.append(self.diagnosis())
                 self.kill_cluster()
                 self.start_cluster()
                 last_active = time.monotonic()
@@ -435,7 +444,9 @@ class FaultLab:
                     tree.append(f"{process.pid}:{process.status()}:{wchan}")
             except (psutil.NoSuchProcess, OSError):
                 pass
-        return f"queued tasks {OrmQ.objects.count()}, cluster {tree}, wedged {self.wedged}"
+        return (
+            f"queued tasks {OrmQ.objects.count()}, cluster {tree}, wedged before {len(self.wedges)}"
+        )
 
     def check_invariants(self) -> None:
         report = dispatch.reconcile_runs()
@@ -543,7 +554,8 @@ class FaultLab:
                 )
             ),
             "approvals_retried": self.retried_approvals,
-            "wedged_clusters_restarted": self.wedged,
+            "wedged_clusters_restarted": len(self.wedges),
+            "wedges": self.wedges[:5],
             "reviews": reviews,
             "duplicates": len(self.duplicate_starts()),
             "lost": len(self.lost_members()),
