@@ -316,6 +316,16 @@ def _relaxed_sqlite_sync() -> int | None:
     return int(previous)
 
 
+def _commit_without_waiting() -> None:
+    """PostgreSQL's counterpart of _relaxed_sqlite_sync, for the current transaction only:
+    its commit does not wait for the WAL to reach the disk (a crash of the server can lose
+    it, never corrupt anything; the next import brings the file back)."""
+    connection = connections[router.db_for_write(Thread)]
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SET LOCAL synchronous_commit TO OFF")
+
+
 def _set_sqlite_sync(level: int) -> None:
     with connections[router.db_for_write(Thread)].cursor() as cursor:
         cursor.execute(f"PRAGMA synchronous = {int(level)}")
@@ -334,7 +344,7 @@ def _finish(
         return item
     try:
         prepared = item.result() if isinstance(item, Future) else item
-        return write_prepared(prepared, user=user, known=thread)
+        return write_prepared(prepared, user=user, known=thread, durable=False)
     except Exception as exc:
         logger.exception("importing %s failed", path)
         return ImportResult(
@@ -367,9 +377,11 @@ def _has_copy(thread: Thread) -> bool:
 
 
 def write_prepared(
-    prepared: PreparedFile, *, user: AbstractBaseUser, known: Thread | None
+    prepared: PreparedFile, *, user: AbstractBaseUser, known: Thread | None, durable: bool = True
 ) -> ImportResult:
-    """Write one prepared file: `known` is the user's thread recorded at the same path."""
+    """Write one prepared file: `known` is the user's thread recorded at the same path.
+    Not `durable`: a bulk import, whose commits need not wait for the disk (a crash loses
+    at most the last files, which the next import brings back); an upload's must."""
     path = prepared.path
     if prepared.error:
         return ImportResult(path=path, outcome="failed", error=prepared.error)
@@ -377,6 +389,8 @@ def write_prepared(
         # The file already imported: remember its mtime (and keep a copy if it had none).
         assert known is not None
         with transaction.atomic():
+            if not durable:
+                _commit_without_waiting()
             if known.source_mtime_ns != prepared.mtime_ns:
                 Thread.objects.filter(pk=known.pk).update(source_mtime_ns=prepared.mtime_ns)
                 known.source_mtime_ns = prepared.mtime_ns
@@ -385,7 +399,7 @@ def write_prepared(
         return ImportResult(path=path, outcome="unchanged", thread=known, turns=known.turn_count)
     parsed = prepared.parsed
     try:
-        thread, outcome = _save_thread(parsed, prepared=prepared, user=user)
+        thread, outcome = _save_thread(parsed, prepared=prepared, user=user, durable=durable)
     except TranscriptError as exc:
         return ImportResult(path=path, outcome="failed", error=str(exc))
     return ImportResult(
@@ -546,7 +560,7 @@ def _recorded_elsewhere(thread: Thread, path: Path) -> bool:
 
 
 def _save_thread(
-    parsed: ParsedThread, *, prepared: PreparedFile, user: AbstractBaseUser
+    parsed: ParsedThread, *, prepared: PreparedFile, user: AbstractBaseUser, durable: bool
 ) -> tuple[Thread, Outcome]:
     path, sha256, size = prepared.path, prepared.sha256, prepared.size
     values = {
@@ -565,6 +579,8 @@ def _save_thread(
         **prepared.totals,
     }
     with transaction.atomic():
+        if not durable:
+            _commit_without_waiting()
         thread = Thread.objects.filter(
             owner=user, source_kind=parsed.kind, session_id=parsed.session_id
         ).first()
