@@ -16,7 +16,7 @@ from django.utils import timezone
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
-from replays import repos
+from replays import importing, repos
 from replays.models import Batch, Plan, Run, RunStatus, Thread
 from tests.conftest import manifest_session
 
@@ -174,6 +174,9 @@ def test_a_changed_transcript_is_refused(api_client, real_threads, sample_repo, 
     plan = prepare(api_client, line_count_config(real_threads, sample_repo))
     with copy.open("a") as handle:
         handle.write('{"type": "summary", "summary": "edited later"}\n')
+    # The digest is of the copy stored at import: the edited file counts once imported.
+    owner = Thread.objects.get(pk=thread.pk).owner
+    assert importing.import_transcript_file(path=copy, user=owner).outcome == "updated"
     response = approve(api_client, plan)
     assert response.status_code == 409
     error = response.json()["error"]
