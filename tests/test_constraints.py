@@ -27,6 +27,7 @@ from replays.models import (
     RunStatus,
     SourceKind,
     Thread,
+    Transcript,
     Turn,
     Winner,
 )
@@ -138,6 +139,9 @@ VIOLATIONS: dict[str, Callable[[Graph], models.Model]] = {
     "thread_source_size_gte_0": lambda g: clone(g["thread"], session_id="s-2", source_size=-1),
     "thread_ends_after_start": lambda g: clone(
         g["thread"], session_id="s-2", ended_at=g["thread"].started_at - timedelta(seconds=1)
+    ),
+    "transcript_size_gte_0": lambda g: Transcript(
+        thread=g["thread"], codec="zstd", data=b"x", size=-1, sha256="0" * 64
     ),
     "turn_unique_index": lambda g: clone(g["turn"], message_uuid="m-1"),
     "turn_unique_message": lambda g: clone(g["turn"], index=1),
