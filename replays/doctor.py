@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import tempfile
 from dataclasses import asdict, dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +83,7 @@ def diagnose() -> Diagnosis:
             checks.append(Check("clusters", None, ERROR, f"The hosts cannot be read: {exc}"))
         else:
             _check_clusters(checks, known, now)
+            _check_queue(checks, known, now)
     _check_run_root(checks, here)
     _check_repository_roots(checks, here, known)
     _check_agents(checks, here, known)
@@ -319,6 +320,58 @@ def _check_clusters(checks: list[Check], known: list[Host], now: datetime) -> No
                 "No cluster is running anywhere: approved runs wait queued until one starts.",
             )
         )
+
+
+# Queued runs are dispatched within a minute (the schedule) of a slot being free; a
+# queued run older than this while slots are free means no cluster is taking tasks.
+QUEUE_STALL_SECONDS = 180
+
+
+def _check_queue(checks: list[Check], known: list[Host], now: datetime) -> None:
+    """Queued runs waiting with free slots: every cluster looks alive (its host loop still
+    reports) but none takes tasks. A django-q2 cluster one of whose processes was killed
+    can end up so (a multiprocessing queue lock held by the dead process)."""
+    waiting = Run.objects.filter(
+        status=RunStatus.QUEUED,
+        cancel_requested_at__isnull=True,
+        created_at__lt=now - timedelta(seconds=QUEUE_STALL_SECONDS),
+    )
+    count = waiting.count()
+    active = Run.objects.filter(status__in=[RunStatus.LAUNCHING, RunStatus.RUNNING])
+    free = settings.REPLAYS_MAX_PARALLEL_RUNS - active.count()
+    recent = recent_seconds()
+    live = [host for host in known if (now - host.last_seen_at).total_seconds() <= recent]
+    with_room = [
+        host.name for host in live if active.filter(host=host.name).count() < host.capacity
+    ]
+    if not count or free <= 0 or not with_room:
+        checks.append(
+            Check(
+                "queue",
+                None,
+                OK,
+                f"{count} run{'s wait' if count != 1 else ' waits'} in the queue for a "
+                "free slot: every slot is taken."
+                if count
+                else "No run has been waiting in the queue.",
+            )
+        )
+        return
+    oldest = waiting.order_by("created_at").values_list("created_at", flat=True).first()
+    age = (now - oldest).total_seconds() if oldest else 0.0
+    checks.append(
+        Check(
+            "queue",
+            None,
+            ERROR,
+            f"{count} run{'s have' if count != 1 else ' has'} waited in the queue since "
+            f"{_ago(age)} although {free} slot{'s are' if free != 1 else ' is'} free "
+            f"({', '.join(with_room)} {'have' if len(with_room) != 1 else 'has'} room): no "
+            "cluster is taking tasks. Restart the cluster (systemctl restart "
+            "replays-worker); a cluster one of whose processes was killed can stop taking "
+            "tasks while it still looks alive.",
+        )
+    )
 
 
 # --- This machine's folders -------------------------------------------------------------

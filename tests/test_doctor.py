@@ -21,7 +21,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.utils import timezone
 
-from replays.models import Host, RunStatus
+from replays.models import Host, Run, RunStatus
 from tests.test_reconcile import one_run
 
 MANAGE = Path(__file__).resolve().parent.parent / "manage.py"
@@ -262,6 +262,33 @@ def test_a_host_whose_cluster_stopped_is_an_error_naming_its_runs(
     answer, _ = doctor()
     assert one(answer, "clusters")["message"] == (
         "No cluster is running anywhere: approved runs wait queued until one starts."
+    )
+
+
+def test_runs_queued_for_minutes_beside_free_slots_say_no_cluster_takes_tasks(
+    db: None, healthy: Path, user: User
+) -> None:
+    """A cluster whose host loop still reports but that takes no task (django-q2 after one
+    of its processes was killed) leaves approved runs queued: the doctor says so."""
+    report("here", age=2)
+    waiting = one_run(user, status=RunStatus.QUEUED)
+    answer, status = doctor()
+    assert one(answer, "queue")["message"] == "No run has been waiting in the queue."
+
+    Run.objects.filter(pk=waiting.pk).update(created_at=timezone.now() - timedelta(minutes=10))
+    answer, status = doctor()
+    queue = one(answer, "queue")
+    assert (queue["severity"], status) == ("error", 1)
+    assert queue["message"].startswith("1 run has waited in the queue since 10 min ago although ")
+    assert "(here has room): no cluster is taking tasks. Restart the cluster" in queue["message"]
+
+    # The host is full: waiting is what the queue is for.
+    for _ in range(2):
+        one_run(user, status=RunStatus.RUNNING, host="here", heartbeat_at=timezone.now())
+    answer, _ = doctor()
+    assert (
+        one(answer, "queue")["message"]
+        == "1 run waits in the queue for a free slot: every slot is taken."
     )
 
 
