@@ -80,7 +80,7 @@ ROUND = 6
 # long, the driver restarts the cluster as a watchdog would, and counts it with what the
 # cluster's processes were doing. A hung coordinator is not helped by that: it still
 # fails the trial when the settle time runs out.
-WEDGED_SECONDS = 8.0
+WEDGED_SECONDS = 5.0
 
 # The web process: prepare, say the plan and its token, approve, say the batch.
 WEB = """
@@ -310,10 +310,10 @@ class FaultLab:
                 start_new_session=True,
             )
         # Half the kills come at a random moment of start-up and prepare (Django starts in
-        # about a second, prepare takes one more), half just after the plan was shown,
-        # inside approve.
+        # half a second to a second, prepare takes a fraction of one more), half just after
+        # the plan was shown, inside approve.
         in_approve = rng.random() < 0.5
-        delay = rng.uniform(0.0, 0.3) if in_approve else rng.uniform(0.8, 2.4)
+        delay = rng.uniform(0.0, 0.3) if in_approve else rng.uniform(0.4, 1.6)
         deadline = time.monotonic() + (30 if in_approve else delay)
         while time.monotonic() < deadline and web.poll() is None:
             if in_approve and '"plan"' in out.read_text():
@@ -373,7 +373,7 @@ class FaultLab:
         first one past it when the step went by between two looks)."""
         order = list(STEP_OF_PHASE)
         wanted = order.index(rng.choice(("workspace", "implementing", "collecting", "reviewing")))
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 3
         while time.monotonic() < deadline:
             runs = list(
                 Run.objects.filter(batch=batch, status__in=ACTIVE_RUN_STATUSES).order_by("id")
