@@ -9,6 +9,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+# The scripts make their own databases (SQLite), whatever the pass: CI runs them once.
+pytestmark = pytest.mark.bench
+
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
 
