@@ -61,6 +61,19 @@ class ForkedSession:
     # them; a forked thread's turn.completed counts on from them.
     base_usage: Mapping[str, int] = field(default_factory=dict)
 
+    def copy_to(self, target: Path, *, tool: str) -> None:
+        """Write the cut transcript where `tool`'s CLI looks for it (a private file);
+        AgentSetupError when this session is another tool's or the copy fails."""
+        if self.tool != tool:
+            name = {"claude_code": "Claude Code", "codex": "Codex"}.get(tool, tool)
+            raise AgentSetupError(f"{name} cannot fork a {self.tool} session.")
+        try:
+            write_private(target, self.text.encode("utf-8", errors="surrogateescape"))
+        except OSError as exc:
+            raise AgentSetupError(
+                f"The historical session cannot be copied for the fork: {exc.strerror or exc}"
+            ) from None
+
 
 @dataclass(frozen=True)
 class RunContext:

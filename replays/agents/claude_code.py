@@ -86,7 +86,6 @@ from replays.agents.base import (
     render_event_stream,
     seed_files_unavailable_reason,
     task_json,
-    write_private,
 )
 from replays.transcripts.base import TokenUsage, TranscriptError
 from replays.transcripts.claude_code import anthropic_usage, parse_claude_code
@@ -270,17 +269,10 @@ class ClaudeCodeAgent(ConfiguredAgent):
         own config folder, projects/<slug of the folder claude runs in>/<session>.jsonl."""
         fork = context.fork
         assert fork is not None
-        if fork.tool != "claude_code":
-            raise AgentSetupError(f"Claude Code cannot fork a {fork.tool} session.")
         # Claude names the folder after the path it runs in, links resolved.
         slug = claude_project_slug(fork.cwd.resolve())
         target = context.run_dir / HOME_DIR / CONFIG_DIR / "projects" / slug / fork.file_name
-        try:
-            write_private(target, fork.text.encode("utf-8", errors="surrogateescape"))
-        except OSError as exc:
-            raise AgentSetupError(
-                f"The historical session cannot be copied for the fork: {exc.strerror or exc}"
-            ) from None
+        fork.copy_to(target, tool="claude_code")
 
     def session_id(self, context: RunContext) -> str:
         return self._read_log(context, exit_code=0)[1].session_id

@@ -185,15 +185,8 @@ class CodexAgent(ConfiguredAgent):
         own CODEX_HOME/sessions/YYYY/MM/DD/rollout-...-<session>.jsonl."""
         fork = context.fork
         assert fork is not None
-        if fork.tool != "codex":
-            raise AgentSetupError(f"Codex cannot fork a {fork.tool} session.")
         target = context.run_dir / CODEX_HOME_DIR / "sessions" / fork.day_folder / fork.file_name
-        try:
-            write_private(target, fork.text.encode("utf-8", errors="surrogateescape"))
-        except OSError as exc:
-            raise AgentSetupError(
-                f"The historical session cannot be copied for the fork: {exc.strerror or exc}"
-            ) from None
+        fork.copy_to(target, tool="codex")
 
     def session_id(self, context: RunContext) -> str:
         return self._events(context).thread_id
