@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +28,7 @@ import pytest
 
 from tests.engines import Engines, private_engines, skip_on_the_shared_postgres_pass
 from tests.run_factories import make_git_repo
+from tests.test_dispatch import wait_until
 
 pytestmark = pytest.mark.multihost
 
@@ -233,16 +234,6 @@ class Site:
 def naps(milliseconds: int, count: int) -> list[str]:
     """`count` models of the nap agent that sleep about `milliseconds` each."""
     return [f"nap:s{milliseconds + index}" for index in range(count)]
-
-
-def wait_until(condition: Callable[[], Any], *, seconds: float, what: str) -> Any:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.1)
-    pytest.fail(f"waited {seconds}s for {what}")
 
 
 @pytest.fixture(name="site")
