@@ -11,12 +11,19 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
-install: $(BIN)/python
+# Installs again only when pyproject.toml changed (the stamp records the last install), so
+# two `make test` at once (CI runs SQLite and PostgreSQL side by side) never reinstall under
+# each other.
+install: $(VENV)/.installed
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $@
 
 # The pinned agent CLIs (codex, claude) and ccusage, used by the tests and fixtures.
-node:
+node: tests/node/node_modules/.installed
+tests/node/node_modules/.installed: tests/node/package.json tests/node/package-lock.json
 	cd tests/node && npm ci --no-audit --no-fund --loglevel=error
+	touch $@
 
 demo: install
 	$(BIN)/python manage.py migrate --no-input
