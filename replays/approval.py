@@ -173,6 +173,17 @@ def protected_input_changes(
     return changes, current
 
 
+def configuration_columns(configuration: dict[str, Any]) -> dict[str, str]:
+    """The Run columns that copy keys of its configuration (what the leaderboard filters
+    and groups on), for Run(..., **configuration_columns(config))."""
+    return {
+        "repository": str(configuration.get("repository") or ""),
+        "start_message_uuid": str(configuration.get("start_message_uuid") or ""),
+        "end_message_uuid": str(configuration.get("end_message_uuid") or ""),
+        "context": str(configuration.get("context") or context.COLD),
+    }
+
+
 def run_configuration(
     plan: Plan,
     prepared: dict[str, Any],
@@ -237,7 +248,15 @@ def _create_batch(
                 for model in configuration["models"]:
                     config = run_configuration(plan, prepared, item, model, thread, resolved)
                     config["batch_id"] = batch.pk
-                    runs.append(Run(batch=batch, thread=thread, model=model, configuration=config))
+                    runs.append(
+                        Run(
+                            batch=batch,
+                            thread=thread,
+                            model=model,
+                            configuration=config,
+                            **configuration_columns(config),
+                        )
+                    )
             # Membership is durable before anything starts: every run exists when the batch does.
             Run.objects.bulk_create(runs)
             transaction.on_commit(_request_dispatch)

@@ -389,6 +389,13 @@ class Run(TokenTotals):
     phase = models.CharField(max_length=20, choices=RunPhase.choices, default=RunPhase.QUEUED)
     # The exact approved configuration this member runs with.
     configuration = models.JSONField(default=dict)
+    # Copies of four of its keys, written with it at approval (approval.configuration_columns):
+    # the leaderboard filters and groups on them for every run a user has, which a JSON
+    # extraction per row made several times slower.
+    repository = models.CharField(max_length=4096, blank=True)
+    start_message_uuid = models.CharField(max_length=200, blank=True)
+    end_message_uuid = models.CharField(max_length=200, blank=True)
+    context = models.CharField(max_length=20, default="cold")
     host = models.CharField(max_length=255, blank=True)
     launcher = models.CharField(max_length=320, blank=True)
     pid = models.PositiveIntegerField(null=True, blank=True)

@@ -73,6 +73,43 @@ def total(values: Iterable[Decimal | None]) -> Decimal | None:
     return result
 
 
+# Dollars counted in millionths: costs have six decimal places (USD_DECIMAL_PLACES), so
+# these integers are exact and add up without a Decimal per value.
+MICRO_USD = 1_000_000
+
+
+def _usd(micro: int) -> Decimal:
+    return Decimal(micro).scaleb(-6)
+
+
+def total_usd(values: Iterable[int | None]) -> Decimal | None:
+    """The sum of amounts in millionths of a dollar, in dollars, exact; None when any is
+    None (unknown, never counted as 0). 0 for none."""
+    known: list[int] = []
+    for value in values:
+        if value is None:
+            return None
+        known.append(value)
+    return _usd(sum(known))
+
+
+def median_usd(values: Iterable[int | None]) -> Decimal | None:
+    """The median of amounts in millionths of a dollar, in dollars, exact (the mean of the
+    two middle ones for an even count); None for none, or when any is None (as median)."""
+    known: list[int] = []
+    for value in values:
+        if value is None:
+            return None
+        known.append(value)
+    if not known:
+        return None
+    known.sort()
+    middle = len(known) // 2
+    if len(known) % 2:
+        return _usd(known[middle])
+    return _usd(known[middle - 1] + known[middle]) / 2
+
+
 def mean(values: Iterable[float]) -> float | None:
     """The arithmetic mean; None for no values."""
     known = list(values)

@@ -17,6 +17,7 @@ from typing import Any
 
 from django.contrib.auth.models import User
 
+from replays.approval import configuration_columns
 from replays.models import (
     Batch,
     FailureCode,
@@ -108,17 +109,20 @@ def seed(
     for model, items in outcomes.items():
         for thread, item in zip(threads, items, strict=False):
             kind, score = item if isinstance(item, tuple) else (item, 0.5)
+            configuration = {
+                "repository": repository,
+                "start_message_uuid": f"uuid-{thread.pk}",
+                "end_message_uuid": f"uuid-{thread.pk}",
+                "context": context,
+            }
             run = Run(
                 batch=batch,
                 thread=thread,
                 model=model,
                 phase=RunPhase.DONE,
-                configuration={
-                    "repository": repository,
-                    "start_message_uuid": f"uuid-{thread.pk}",
-                    "end_message_uuid": f"uuid-{thread.pk}",
-                    "context": context,
-                },
+                configuration=configuration,
+                # As approval writes them (the leaderboard reads these columns).
+                **configuration_columns(configuration),
                 created_at=created_at,
                 finished_at=created_at + timedelta(seconds=seconds),
                 wall_seconds=seconds,

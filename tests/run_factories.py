@@ -19,6 +19,7 @@ from typing import Any
 from django.contrib.auth.models import User
 from django.utils import timezone
 
+from replays.approval import configuration_columns
 from replays.evaluation.checks import DEFAULT_TEST_PATHS
 from replays.models import Batch, Plan, PlanStatus, Run, RunStatus, SourceKind, Thread, Turn
 
@@ -199,6 +200,7 @@ def make_run_graph(
                 model=model,
                 status=RunStatus.QUEUED,
                 configuration=configuration,
+                **configuration_columns(configuration),
                 created_at=now,
             )
         )

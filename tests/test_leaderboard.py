@@ -72,6 +72,18 @@ def test_total_is_unknown_when_any_value_is() -> None:
     assert statistics.total([]) == Decimal(0)
 
 
+def test_dollars_counted_in_millionths_add_up_and_split_exactly() -> None:
+    # 0.1 + 0.2 is not 0.3 in floats; in millionths of a dollar it is.
+    assert statistics.total_usd([100_000, 200_000]) == Decimal("0.3")
+    assert statistics.total_usd([100_000, None]) is None
+    assert statistics.total_usd([]) == Decimal(0)
+    assert statistics.median_usd([300_000, 1, 100_000]) == Decimal("0.1")
+    # The mean of the middle two may need a seventh decimal place: it is kept.
+    assert statistics.median_usd([1, 2]) == Decimal("0.0000015")
+    assert statistics.median_usd([1, None]) is None
+    assert statistics.median_usd([]) is None
+
+
 def test_mean() -> None:
     assert statistics.mean([0.5, 1.0, 0.0]) == pytest.approx(0.5)
     assert statistics.mean([]) is None

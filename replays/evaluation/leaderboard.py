@@ -21,13 +21,25 @@ from datetime import date
 from decimal import Decimal
 from typing import Any
 
-from django.db.models import Count, F, FilteredRelation, Q, QuerySet
-from django.db.models.fields.json import KT
+from django.db.models import (
+    BigIntegerField,
+    Case,
+    CharField,
+    Count,
+    ExpressionWrapper,
+    F,
+    FilteredRelation,
+    IntegerField,
+    Q,
+    QuerySet,
+    Value,
+    When,
+)
+from django.db.models.functions import Cast, Coalesce, Round
 
 from replays import statistics
 from replays.agents import BASELINE_AGENT
 from replays.agents.baselines import EMPTY, HISTORICAL
-from replays.evaluation.report import CONTEXT_COLD
 from replays.models import (
     ACTIVE_RUN_STATUSES,
     TOKEN_FIELDS,
@@ -51,7 +63,6 @@ COUNTED_FAILURES = frozenset(
 )
 
 WIN, TIE, LOSS, FAILED, NOT_COUNTED = "win", "tie", "loss", "failed", "not_counted"
-_JUDGED_OUTCOMES = {Winner.REPLAY: WIN, Winner.TIE: TIE, Winner.HISTORICAL: LOSS}
 
 # Why a run is not in n, as the page words it.
 NOT_COUNTED_REASONS = {
@@ -211,30 +222,32 @@ class Leaderboard:
 
 # --- reading ------------------------------------------------------------------------------------
 
-
-@dataclass(frozen=True, slots=True)
-class _Entry:
-    """One run as the leaderboard sees it."""
-
-    run: int
-    model: str
-    outcome: str
-    reason: str  # why it is not counted
-    evaluator: str
-    prompt_version: str | None  # None: no report, so in the view of any prompt version
-    context: str
-    score: float | None
-    consistent: bool | None
-    cost: Decimal | None  # None: unknown price
-    seconds: float | None
-    request: tuple[int, str, str]  # thread, first and last message of the range
+# What became of a run, worked out in the query: win, tie, loss, failed, or why it is not
+# counted (a key of NOT_COUNTED_REASONS).
+_OUTCOME = Case(
+    When(current__status=ReportStatus.JUDGED, current__winner=Winner.REPLAY, then=Value(WIN)),
+    When(current__status=ReportStatus.JUDGED, current__winner=Winner.TIE, then=Value(TIE)),
+    When(
+        current__status=ReportStatus.JUDGED,
+        current__winner=Winner.HISTORICAL,
+        then=Value(LOSS),
+    ),
+    When(current__status=ReportStatus.REVIEW_FAILED, then=Value("review_failed")),
+    When(status=RunStatus.FAILED, failure_code__in=COUNTED_FAILURES, then=Value(FAILED)),
+    When(status=RunStatus.FAILED, then=F("failure_code")),
+    When(status=RunStatus.CANCELLED, then=Value("cancelled")),
+    default=Value("awaiting_report"),
+    output_field=CharField(),
+)
+_JUDGED = frozenset({WIN, TIE, LOSS})
+_COUNTED = frozenset({WIN, TIE, LOSS, FAILED})
+MICRO_USD = statistics.MICRO_USD
 
 
 def _runs(user: Any, filters: Filters) -> QuerySet[Run]:
     runs = Run.objects.visible_to(user)
     if filters.repository is not None:
-        # A JSON lookup: SQLite would compare a KT() annotation as JSON, not as text.
-        runs = runs.filter(configuration__repository=filters.repository)
+        runs = runs.filter(repository=filters.repository)
     if filters.agent == BASELINE_AGENT:
         runs = runs.filter(model__in=BASELINES)
     elif filters.agent is not None:
@@ -246,111 +259,75 @@ def _runs(user: Any, filters: Filters) -> QuerySet[Run]:
     return runs
 
 
+# One finished run as the figures need it, in this order.
+_Entry = tuple[
+    str,  # model
+    str,  # outcome: WIN, TIE, LOSS, FAILED or a reason it is not counted
+    str,  # evaluator: the current report's, else the batch's
+    str | None,  # prompt version: None without a report (in the view of any)
+    float | None,  # the replay's score
+    int | bool | None,  # both orders agreed
+    int | None,  # cost in millionths of a dollar; None: unknown price
+    float | None,  # wall seconds
+    int,  # the request: thread,
+    str,  # first message
+    str,  # and last message of the range
+]
+MODEL, OUTCOME, EVALUATOR, VERSION, SCORE, AGREED, COST, SECONDS = range(8)
+REQUEST = slice(8, 11)
+
+
 def _entries(user: Any, filters: Filters) -> list[_Entry]:
-    """Every finished run the run filters keep, with its current report: one query."""
-    values = (
+    """Every finished run the filters keep (the context too), with what its current
+    report says, in the order the runs were made: one query.
+
+    Plain columns and expressions whose values the database driver hands over as they
+    are (no Decimal, no JSON, no model instance): at 10,000 runs, reading the rows was
+    most of the page's time.
+    """
+    runs = (
         _runs(user, filters)
         .exclude(status__in=ACTIVE_RUN_STATUSES)
         .annotate(
             current=FilteredRelation("reports", condition=Q(reports__is_current=True)),
-            start_uuid=KT("configuration__start_message_uuid"),
-            end_uuid=KT("configuration__end_message_uuid"),
-            run_context=KT("configuration__context"),
             tokens_used=sum((F(name) for name in TOKEN_FIELDS[1:]), F(TOKEN_FIELDS[0])),
         )
-        .values_list(*_ENTRY_FIELDS)
-        .order_by("id")
     )
-    # Tuples, not dicts: at 10,000 runs the page's time goes to building each row.
-    return [_entry(*row) for row in values]
-
-
-# The columns _entry reads, in its parameters' order.
-_ENTRY_FIELDS = (
-    "id",
-    "model",
-    "status",
-    "failure_code",
-    "cost_usd",
-    "wall_seconds",
-    "tokens_used",
-    "thread_id",
-    "start_uuid",
-    "end_uuid",
-    "run_context",
-    "batch__evaluator",
-    "current__status",
-    "current__winner",
-    "current__score_replay",
-    "current__consistent",
-    "current__evaluator",
-    "current__prompt_version",
-    "current__context",
-)
-
-
-def _entry(
-    run_id: int,
-    model: str,
-    status: str,
-    failure_code: str,
-    cost: Decimal | None,
-    seconds: float | None,
-    tokens_used: int,
-    thread_id: int,
-    start_uuid: str | None,
-    end_uuid: str | None,
-    run_context: str | None,
-    batch_evaluator: str,
-    report_status: str | None,
-    winner: str | None,
-    score: float | None,
-    consistent: bool | None,
-    report_evaluator: str | None,
-    report_prompt_version: str | None,
-    report_context: str | None,
-) -> _Entry:
-    reason = ""
-    if report_status == ReportStatus.JUDGED:
-        outcome = _JUDGED_OUTCOMES[winner]
-    elif report_status == ReportStatus.REVIEW_FAILED:
-        outcome, reason = NOT_COUNTED, "review_failed"
-    elif status == RunStatus.FAILED and failure_code in COUNTED_FAILURES:
-        outcome = FAILED
-    elif status == RunStatus.FAILED:
-        outcome, reason = NOT_COUNTED, failure_code
-    elif status == RunStatus.CANCELLED:
-        outcome, reason = NOT_COUNTED, "cancelled"
-    else:
-        outcome, reason = NOT_COUNTED, "awaiting_report"
-    if report_status is not None:
-        evaluator, prompt_version, context = (
-            report_evaluator,
-            report_prompt_version,
-            report_context,
+    if filters.context is not None:
+        # Without a report, the context the run was given.
+        runs = runs.annotate(in_context=Coalesce("current__context", "context")).filter(
+            in_context=filters.context
         )
-    else:
-        # No report: the run is in the view of its batch's evaluator, any prompt version.
-        evaluator, prompt_version = batch_evaluator, None
-        context = run_context or CONTEXT_COLD
-    if cost is None and status != RunStatus.COMPLETED and not tokens_used:
-        # A run that did no work (it never started) spent nothing: that is known.
-        cost = Decimal(0)
-    judged = outcome in (WIN, TIE, LOSS)
-    return _Entry(
-        run=run_id,
-        model=model,
-        outcome=outcome,
-        reason=reason,
-        evaluator=evaluator,
-        prompt_version=prompt_version,
-        context=context,
-        score=score if judged else None,
-        consistent=consistent if judged else None,
-        cost=cost,
-        seconds=seconds,
-        request=(thread_id, start_uuid or "", end_uuid or ""),
+    values = runs.annotate(
+        outcome=_OUTCOME,
+        in_evaluator=Coalesce("current__evaluator", "batch__evaluator"),
+        in_version=F("current__prompt_version"),
+        score=F("current__score_replay"),
+        # An integer, not a bool: SQLite's bool converter is a Python call per row.
+        agreed=ExpressionWrapper(F("current__consistent"), output_field=IntegerField()),
+        cost=Case(
+            # A run that did no work (it never started) spent nothing: that is known.
+            When(
+                Q(cost_usd__isnull=True) & ~Q(status=RunStatus.COMPLETED) & Q(tokens_used=0),
+                then=Value(0),
+            ),
+            default=Cast(Round(F("cost_usd") * MICRO_USD), BigIntegerField()),
+            output_field=BigIntegerField(),
+        ),
+    ).values_list(
+        "model",
+        "outcome",
+        "in_evaluator",
+        "in_version",
+        "score",
+        "agreed",
+        "cost",
+        "wall_seconds",
+        "thread_id",
+        "start_message_uuid",
+        "end_message_uuid",
     )
+    return list(values.order_by("id"))
 
 
 def filter_choices(user: Any) -> Choices:
@@ -371,17 +348,12 @@ def filter_choices(user: Any) -> Choices:
         evaluators[row["evaluator"]] += row["count"]
         versions[row["prompt_version"]] += row["count"]
         contexts[row["context"]] += row["count"]
-    runs = (
-        visible.annotate(repository_path=KT("configuration__repository"))
-        .values("repository_path", "model")
-        .annotate(count=Count("id"))
-        .order_by()
-    )
+    runs = visible.values("repository", "model").annotate(count=Count("id")).order_by()
     repositories: Counter[str] = Counter()
     agents: Counter[str] = Counter()
     for row in runs:
-        if row["repository_path"]:
-            repositories[row["repository_path"]] += row["count"]
+        if row["repository"]:
+            repositories[row["repository"]] += row["count"]
         agents[agent_of(row["model"])] += row["count"]
     return Choices(
         evaluators=_by_use(evaluators),
@@ -409,15 +381,16 @@ def _most_used(counts: Counter[str]) -> str | None:
 
 
 def _row(model: str, entries: list[_Entry]) -> Row:
-    outcomes = Counter(entry.outcome for entry in entries)
-    counted = [entry for entry in entries if entry.outcome != NOT_COUNTED]
-    judged = [entry for entry in counted if entry.outcome != FAILED]
+    outcomes = Counter(entry[OUTCOME] for entry in entries)
     wins, ties, losses, failed = (outcomes[name] for name in (WIN, TIE, LOSS, FAILED))
     n = wins + ties + losses + failed
+    counted = [entry for entry in entries if entry[OUTCOME] in _COUNTED]
+    judged = [entry for entry in counted if entry[OUTCOME] in _JUDGED]
     rate = statistics.wilson_interval(wins + ties, n) if n else None
-    total_cost = statistics.total(entry.cost for entry in counted) if counted else None
-    median_cost = statistics.median(entry.cost for entry in counted)
-    consistency = [entry.consistent for entry in judged if entry.consistent is not None]
+    costs = [entry[COST] for entry in counted]
+    total_cost = statistics.total_usd(costs) if counted else None
+    scores = [entry[SCORE] for entry in judged if entry[SCORE] is not None]
+    consistency = [entry[AGREED] for entry in judged if entry[AGREED] is not None]
     return Row(
         model=model,
         baseline=model in BASELINES,
@@ -425,18 +398,18 @@ def _row(model: str, entries: list[_Entry]) -> Row:
         ties=ties,
         losses=losses,
         failed=failed,
-        not_counted=outcomes[NOT_COUNTED],
-        not_counted_reasons=dict(
-            Counter(entry.reason for entry in entries if entry.outcome == NOT_COUNTED)
-        ),
+        not_counted=len(entries) - n,
+        not_counted_reasons={
+            reason: count for reason, count in outcomes.items() if reason not in _COUNTED
+        },
         rate=rate.value if rate else None,
         rate_low=rate.low if rate else None,
         rate_high=rate.high if rate else None,
-        mean_score=statistics.mean(entry.score for entry in judged if entry.score is not None),
+        mean_score=statistics.mean(scores),
         total_cost_usd=total_cost,
-        median_cost_usd=None if median_cost is None else Decimal(median_cost),
+        median_cost_usd=statistics.median_usd(costs),
         median_seconds=statistics.median(
-            entry.seconds for entry in counted if entry.seconds is not None
+            entry[SECONDS] for entry in counted if entry[SECONDS] is not None
         ),
         cost_per_win_usd=total_cost / wins if wins and total_cost is not None else None,
         consistency=sum(consistency) / len(consistency) if consistency else None,
@@ -451,16 +424,6 @@ def _rank(row: Row) -> tuple[Any, ...]:
     return (0, -row.rate_low, -(row.rate or 0.0), -row.n, row.model)
 
 
-def _head_to_head(entries: list[_Entry]) -> dict[tuple[str, str], statistics.Record]:
-    """Over the requests two models both replayed and both got judged on; a model that
-    replayed a request more than once counts with its latest run."""
-    scores: dict[str, dict[tuple[int, str, str], float]] = {}
-    for entry in sorted(entries, key=lambda entry: entry.run):
-        if entry.outcome in (WIN, TIE, LOSS) and entry.score is not None:
-            scores.setdefault(entry.model, {})[entry.request] = entry.score
-    return statistics.head_to_head(scores)
-
-
 def leaderboard(*, user: Any, filters: Filters) -> Leaderboard:
     """The leaderboard over the runs `user` may see: three queries, whatever their number.
 
@@ -469,32 +432,31 @@ def leaderboard(*, user: Any, filters: Filters) -> Leaderboard:
     leaves the board empty just because another evaluator was the most used overall.
     """
     choices = filter_choices(user)
-    entries = [
-        entry
-        for entry in _entries(user, filters)
-        if filters.context is None or entry.context == filters.context
-    ]
-    judged = [entry for entry in entries if entry.outcome in (WIN, TIE, LOSS)]
-    evaluator = filters.evaluator or _most_used(Counter(entry.evaluator for entry in judged))
+    entries = _entries(user, filters)
+    judged = [entry for entry in entries if entry[OUTCOME] in _JUDGED]
+    evaluator = filters.evaluator or _most_used(Counter(entry[EVALUATOR] for entry in judged))
     prompt_version = filters.prompt_version or _most_used(
-        Counter(entry.prompt_version or "" for entry in judged if entry.evaluator == evaluator)
+        Counter(entry[VERSION] or "" for entry in judged if entry[EVALUATOR] == evaluator)
     )
-    in_view = [
-        entry
-        for entry in entries
-        if evaluator is not None
-        and entry.evaluator == evaluator
-        and (entry.prompt_version is None or entry.prompt_version == prompt_version)
-    ]
     by_model: dict[str, list[_Entry]] = {}
-    for entry in in_view:
-        by_model.setdefault(entry.model, []).append(entry)
+    # Head to head: over the requests two models both replayed and both got judged on; a
+    # model that replayed a request more than once counts with its latest run (entries
+    # come in the order the runs were made).
+    scores: dict[str, dict[tuple[int, str, str], float]] = {}
+    if evaluator is not None:
+        for entry in entries:
+            model, outcome, in_evaluator, version, score = entry[:5]
+            if in_evaluator != evaluator or (version is not None and version != prompt_version):
+                continue
+            by_model.setdefault(model, []).append(entry)
+            if outcome in _JUDGED and score is not None:
+                scores.setdefault(model, {})[entry[REQUEST]] = score
     rows = sorted((_row(model, found) for model, found in by_model.items()), key=_rank)
     return Leaderboard(
         filters=filters,
         evaluator=evaluator,
         prompt_version=prompt_version,
         rows=rows,
-        head_to_head=_head_to_head(in_view),
+        head_to_head=statistics.head_to_head(scores),
         choices=choices,
     )
