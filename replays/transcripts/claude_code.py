@@ -6,9 +6,11 @@ it from here), so both refuse whole files and report bad lines the same way.
 
 from __future__ import annotations
 
+import codecs
 import io
 import json
 import re
+import sys
 from bisect import bisect_right
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -17,6 +19,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import orjson
 
 from replays.transcripts.base import (
@@ -99,14 +102,30 @@ class JsonLines:
     Whole-file problems (too large, empty, binary, unreadable) raise
     TranscriptError; a bad line becomes a LineProblem in ``problems`` and is
     skipped, so one damaged line never costs the rest of a session.
+
+    With a msgspec ``decoder``, a line it can read comes as its Struct instead: the
+    decoder skips the fields the Struct does not declare without making Python objects
+    of them, several times faster than building the whole value. A line goes that way
+    only when it is certain to be one orjson or json would read too (valid UTF-8, no
+    escape that needs cleaning, no integer too long for json); any line the decoder
+    refuses, for its syntax or for a field of a shape the Struct does not expect, comes
+    as its JSON value as without a decoder, so problems are reported the same way.
     """
 
-    def __init__(self, path: Path, *, max_bytes: int, data: bytes | None = None) -> None:
+    def __init__(
+        self,
+        path: Path,
+        *,
+        max_bytes: int,
+        data: bytes | None = None,
+        decoder: msgspec.json.Decoder[Any] | None = None,
+    ) -> None:
         """``data``: the file's bytes when the caller has read them already (the importer
         hashes and stores the same bytes it parses)."""
         self.path = path
         self.max_bytes = max_bytes
         self.data = data
+        self.decoder = decoder
         self.problems: list[LineProblem] = []
         self.lines_read = 0  # non-blank lines, good or bad
         if data is None:
@@ -120,8 +139,19 @@ class JsonLines:
 
     def __iter__(self) -> Iterator[tuple[int, Any]]:
         bytes_read = 0
+        decoder = self.decoder
+        # json refuses an integer of more digits than this (0: no limit); msgspec skips it.
+        max_digits = sys.get_int_max_str_digits()
         try:
-            with self.path.open("rb") if self.data is None else io.BytesIO(self.data) as handle:
+            data = self.data
+            if data is None and decoder is not None:
+                # Read whole, to be checked at once; the lines are still counted against
+                # the limit below, as when they are read one by one.
+                with self.path.open("rb") as handle:
+                    data = handle.read(self.max_bytes + 1)
+            # Most files need no check line by line for the fast path.
+            plain = decoder is not None and _plain_text(data)
+            with self.path.open("rb") if data is None else io.BytesIO(data) as handle:
                 for line_number, raw in enumerate(handle, start=1):
                     bytes_read += len(raw)
                     if bytes_read > self.max_bytes:
@@ -129,6 +159,20 @@ class JsonLines:
                         raise TranscriptError(
                             f"{self.path.name} is larger than the limit of {self.max_bytes} bytes"
                         )
+                    if (
+                        decoder is not None
+                        and raw[:1] == b"{"  # not blank, no byte order mark, an object
+                        and (plain or _plainly_readable(raw))
+                        and not (len(raw) > max_digits > 0 and _long_integer(raw, max_digits))
+                    ):
+                        try:
+                            value = decoder.decode(raw)
+                        except (msgspec.DecodeError, RecursionError):
+                            pass  # read again below, as any line is without a decoder
+                        else:
+                            self.lines_read += 1
+                            yield line_number, value
+                            continue
                     value = self._decode(line_number, raw)
                     if value is not _SKIP:
                         yield line_number, value
@@ -194,6 +238,58 @@ class JsonLines:
 
 
 _SKIP = object()  # sentinel: the line produced no value (blank or a problem)
+
+
+# What the fast path must leave to the general one, as msgspec reads it differently:
+# - bytes that are not UTF-8: msgspec does not check the strings it skips;
+# - the escape \u0000: msgspec makes NUL of it, which the general path cleans away. (A
+#   lone surrogate, the other escape cleaned, msgspec refuses: that line goes the
+#   general way by itself, as does a raw NUL byte or control character.)
+# - an integer of more digits than json reads: msgspec skips it, json refuses the line.
+_NUL_ESCAPE_RE = re.compile(rb"\\u0000")
+
+
+def _plain_text(data: bytes) -> bool:
+    """Whether no line of ``data`` needs _plainly_readable: the file is UTF-8 without
+    the escape for NUL (checked on the whole file, much faster than line by line)."""
+    if _NUL_ESCAPE_RE.search(data):
+        return False
+    if data.isascii():
+        return True
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    view = memoryview(data)
+    try:
+        for start in range(0, len(data), _CHUNK):  # no text of the whole file at once
+            decoder.decode(view[start : start + _CHUNK])
+        decoder.decode(b"", final=True)
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+_CHUNK = 1024 * 1024
+
+
+def _plainly_readable(raw: bytes) -> bool:
+    """Whether one line of a file that is not _plain_text can go the fast path."""
+    if not raw.isascii():
+        try:
+            raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return False
+    return not _NUL_ESCAPE_RE.search(raw)
+
+
+def _long_integer(raw: bytes, max_digits: int) -> bool:
+    """Whether ``raw`` may hold an integer of more than ``max_digits`` digits. Such a run
+    of digits covers a multiple of (max_digits + 1): only a line with a digit at one of
+    those places is searched."""
+    if not _DIGIT_RE.search(raw[:: max_digits + 1]):
+        return False
+    return re.search(rb"[0-9]{%d}" % (max_digits + 1), raw) is not None
+
+
+_DIGIT_RE = re.compile(rb"[0-9]")
 
 
 def clean_text(text: str) -> str:
@@ -336,7 +432,7 @@ class _Response:
     # When the request this response answers was written (the user line before it).
     asked_at: datetime | None = None
     # The last usage object read for it, as written: a sibling repeating it adds nothing.
-    raw_usage: dict[str, Any] | None = None
+    raw_usage: dict[str, Any] | _Usage | None = None
 
 
 @dataclass
@@ -361,8 +457,84 @@ class _State:
     pending_tools: dict[str, tuple[int, str, dict[str, Any]]] = field(default_factory=dict)
 
     def saw_time(self, at: datetime) -> None:
-        self.started_at = at if self.started_at is None else min(self.started_at, at)
-        self.ended_at = at if self.ended_at is None else max(self.ended_at, at)
+        if self.started_at is None or at < self.started_at:
+            self.started_at = at
+        if self.ended_at is None or at > self.ended_at:
+            self.ended_at = at
+
+
+# --- the fast path: lines as Structs that declare only what the parser reads -------------
+#
+# msgspec skips every other field (tool output, file contents, thinking text, signatures)
+# without making Python objects of it. Each field has the one shape Claude Code writes (a
+# count is an int, a flag a bool): a line with any other shape fails to decode and goes
+# through the general path (_read_line, over the line's JSON value), which reads odd
+# shapes leniently and reports broken ones. So both paths give the same result for every
+# line (tests/test_transcripts_claude_code.py checks it on real and mutated files). A
+# field whose absence differs from null for the parser defaults to UNSET. No Struct can
+# be part of a reference cycle, so none is tracked by the garbage collector.
+
+_NO_RAW = msgspec.Raw(b"")  # a msgspec.Raw field that is absent
+
+
+class _CacheSplit(msgspec.Struct, gc=False):
+    ephemeral_5m_input_tokens: int | None = None
+    ephemeral_1h_input_tokens: int | None = None
+
+
+class _Usage(msgspec.Struct, gc=False):
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    cache_read_input_tokens: int | None = None
+    cache_creation_input_tokens: int | None = None
+    cache_creation: _CacheSplit | None = None
+
+
+class _Block(msgspec.Struct, gc=False):
+    """A content block: text, tool_use, tool_result, image... (thinking and tool output
+    are not declared, so never read)."""
+
+    type: str | None = None
+    text: str | None = None
+    id: str | None = None  # tool_use
+    name: str | None = None  # tool_use
+    # The tool call's input, as its JSON text: read only when its result makes evidence.
+    input: msgspec.Raw = _NO_RAW
+    tool_use_id: str | None = None  # tool_result
+    is_error: bool | None = None  # tool_result
+
+
+class _Message(msgspec.Struct, gc=False):
+    id: str | None = None
+    model: str | None = None
+    usage: _Usage | None = None
+    content: str | list[_Block] | None = None
+
+
+class _Line(msgspec.Struct, gc=False):
+    type: str | None = None
+    timestamp: str | msgspec.UnsetType = msgspec.UNSET
+    sessionId: str | None = None
+    uuid: str | None = None
+    leafUuid: str | None = None
+    cwd: str | None = None
+    gitBranch: str | None = None
+    version: str | None = None
+    message: _Message | None = None
+    requestId: str | None = None
+    costUSD: float | None = None
+    isSidechain: bool | None = None
+    isMeta: bool | None = None
+    isCompactSummary: bool | None = None
+    # The tool's own record beside a tool result, as its JSON text (_NO_RAW: absent).
+    toolUseResult: msgspec.Raw = _NO_RAW
+    summary: str | None = None
+    aiTitle: str | None | msgspec.UnsetType = msgspec.UNSET
+    customTitle: str | None | msgspec.UnsetType = msgspec.UNSET
+    title: str | None = None
+
+
+_LINE_DECODER = msgspec.json.Decoder(_Line)
 
 
 def parse_claude_code(
@@ -374,10 +546,13 @@ def parse_claude_code(
     ``<sessionId>/subagents/*.jsonl`` beside the file are read too, and their
     usage is added to the turn whose time window contains them.
     """
-    lines = JsonLines(path, max_bytes=max_bytes, data=data)
+    lines = JsonLines(path, max_bytes=max_bytes, data=data, decoder=_LINE_DECODER)
     state = _State()
     for line_number, value in lines:
-        _read_line(state, lines, line_number, value, main_file=True)
+        if type(value) is _Line:
+            _read_struct_line(state, lines, line_number, value, main_file=True)
+        else:
+            _read_line(state, lines, line_number, value, main_file=True)
     if not state.recognised:
         raise TranscriptError(f"{path.name} is not a Claude Code transcript")
 
@@ -473,6 +648,262 @@ def _read_line(
         title = value.get("customTitle", value.get("title"))
         if isinstance(title, str) and title.strip():
             state.custom_title = title
+
+
+def _read_struct_line(
+    state: _State, lines: JsonLines, line_number: int, line: _Line, *, main_file: bool
+) -> None:
+    """_read_line for a line the fast path decoded: the same steps in the same order, over
+    a Struct whose fields have their usual shapes (so without most of _read_line's checks)."""
+    line_type = line.type
+    if not state.recognised:
+        state.recognised = _looks_like_claude_struct(line)
+    if line_type not in KNOWN_LINE_TYPES:
+        return  # unknown types are newer than this parser: skipped silently
+
+    at: datetime | None = None
+    chat = line_type == "assistant" or line_type == "user"
+    if line.timestamp is not msgspec.UNSET:
+        try:
+            at = parse_timestamp(line.timestamp)
+        except ValueError as exc:
+            lines.problem(line_number, str(exc))
+            return
+    elif chat:
+        lines.problem(line_number, f"{line_type} line has no timestamp")
+        return
+
+    if chat:
+        message = line.message
+        if message is None:
+            lines.problem(line_number, f"{line_type} line has no message object")
+            return
+        assert at is not None
+        try:
+            if line_type == "assistant":
+                _read_struct_assistant(state, lines, line_number, line, message, at, main_file)
+            elif main_file:
+                _read_struct_user(state, line_number, line, message, at)
+        except ValueError as exc:
+            # A skipped line adds nothing, its metadata and time included.
+            lines.problem(line_number, str(exc))
+            return
+        if line_type == "user":
+            state.asked_at = at
+    if not main_file:
+        # A sub-agent file adds usage only; its prompts, titles and times are its own.
+        return
+
+    if not (state.session_id and state.cwd and state.git_branch and state.cli_version):
+        # The first line that carries each field wins (as _read_metadata).
+        if not state.session_id and line.sessionId:
+            state.session_id = line.sessionId
+        if not state.cwd and line.cwd:
+            state.cwd = line.cwd
+        if not state.git_branch and line.gitBranch:
+            state.git_branch = line.gitBranch
+        if not state.cli_version and line.version:
+            state.cli_version = line.version
+    if at is not None:
+        state.saw_time(at)
+    if chat:
+        return
+    if line_type == "summary" and line.summary is not None:
+        state.summary = line.summary
+    elif line_type == "ai-title":
+        title = line.aiTitle if line.aiTitle is not msgspec.UNSET else line.title
+        if title and title.strip():
+            state.ai_title = title
+    elif line_type == "custom-title":
+        title = line.customTitle if line.customTitle is not msgspec.UNSET else line.title
+        if title and title.strip():
+            state.custom_title = title
+
+
+def _looks_like_claude_struct(line: _Line) -> bool:
+    """looks_like_claude_line of a decoded line."""
+    if line.type in KNOWN_LINE_TYPES:
+        has_id = line.sessionId is not None or line.uuid is not None or line.leafUuid is not None
+        return has_id or line.type not in _GENERIC_LINE_TYPES
+    return line.sessionId is not None and line.uuid is not None
+
+
+_NO_USAGE = TokenUsage()
+
+
+def _read_struct_assistant(
+    state: _State,
+    lines: JsonLines,
+    line_number: int,
+    line: _Line,
+    message: _Message,
+    at: datetime,
+    main_file: bool,
+) -> None:
+    """_read_assistant, then (main file) _read_tool_uses and _read_answer_text, of a decoded
+    line: the response's usage kept as _count_response keeps it, with the arithmetic on
+    plain integers (this runs for every assistant line)."""
+    model = message.model
+    if model != SYNTHETIC_MODEL:
+        if not model:
+            model = "unknown"
+        if message.id:
+            key = (message.id, line.requestId or "")
+        else:
+            key = ("line", f"{lines.path.name}:{line_number}")
+        response = state.responses.get(key)
+        raw_usage = message.usage
+        # A sibling repeating the usage already counted, or no usage, adds nothing.
+        counts = None
+        if raw_usage is not None and (response is None or raw_usage != response.raw_usage):
+            counts = _struct_counts(raw_usage)
+        cost = None if line.costUSD is None else _cost(line.costUSD)
+
+        if not main_file:
+            turn_index = -1
+        elif state.turns:
+            turn_index = len(state.turns) - 1
+        else:
+            return  # work before the first real prompt serves no turn
+
+        counted = response.usage if response is not None else _NO_USAGE
+        merged = counted
+        if counts is not None:
+            i, o, r, w5, w1 = counts
+            ci, co, cr = counted.input_tokens, counted.output_tokens, counted.cache_read_tokens
+            c5, c1 = counted.cache_write_5m_tokens, counted.cache_write_1h_tokens
+            if i > ci or o > co or r > cr or w5 > c5 or w1 > c1:
+                # The largest value per kind is the response's usage, counted once.
+                merged = TokenUsage(
+                    i if i > ci else ci, o if o > co else co, r if r > cr else cr,
+                    w5 if w5 > c5 else c5, w1 if w1 > c1 else c1,
+                )  # fmt: skip
+                state.budget.add(merged - counted)  # past the session's bound: skipped
+        if response is None:
+            response = _Response(
+                turn_index=turn_index, model=model, first_at=at, last_at=at, asked_at=state.asked_at
+            )
+            state.responses[key] = response
+        else:
+            if at < response.first_at:
+                response.first_at = at
+            if at > response.last_at:
+                response.last_at = at
+        response.usage = merged
+        if raw_usage is not None:
+            response.raw_usage = raw_usage
+        if cost is not None:
+            response.cost_usd = cost if response.cost_usd is None else max(response.cost_usd, cost)
+
+    content = message.content
+    if not main_file or not state.turns or type(content) is not list:
+        return
+    turn = len(state.turns) - 1
+    texts = []
+    for block in content:
+        block_type = block.type
+        if block_type == "text":
+            if block.text is not None:
+                texts.append(block.text)
+        elif block_type == "tool_use":
+            if block.id is not None and block.name is not None and _is_json_object(block.input):
+                # Sidechain: an old-style inline sub-agent (as _read_tool_uses).
+                name = "Task" if line.isSidechain else block.name
+                state.pending_tools[block.id] = (turn, name, block.input)
+    if texts and not line.isSidechain and model != SYNTHETIC_MODEL:
+        state.turns[-1].answered("\n".join(texts))
+
+
+def _struct_counts(raw: _Usage) -> tuple[int, int, int, int, int]:
+    """The counts anthropic_usage makes of a _Usage (input, output, cache read, cache
+    writes 5m and 1h); the same ValueError when one is out of bounds."""
+    i = raw.input_tokens or 0
+    o = raw.output_tokens or 0
+    r = raw.cache_read_input_tokens or 0
+    write = raw.cache_creation_input_tokens or 0
+    split = raw.cache_creation
+    if split is None:
+        w5, w1 = write, 0
+    else:
+        w5 = split.ephemeral_5m_input_tokens or 0
+        w1 = split.ephemeral_1h_input_tokens or 0
+    bound = MAX_LINE_TOKENS
+    if not (
+        0 <= i <= bound and 0 <= o <= bound and 0 <= r <= bound and 0 <= write <= bound
+        and 0 <= w5 <= bound and 0 <= w1 <= bound
+    ):  # fmt: skip
+        usage = _struct_usage(raw)  # raises, naming the first count out of bounds
+        return (usage.input_tokens, usage.output_tokens, usage.cache_read_tokens,
+                usage.cache_write_5m_tokens, usage.cache_write_1h_tokens)  # fmt: skip
+    if split is not None and write > w5 + w1:
+        w5 += write - w5 - w1  # whatever the split does not explain is priced as 5m
+    return i, o, r, w5, w1
+
+
+def _read_struct_user(
+    state: _State, line_number: int, line: _Line, message: _Message, at: datetime
+) -> None:
+    """_read_user, then _read_tool_results, of a decoded line of the main file."""
+    content = message.content
+    request = _struct_prompt_text(line, content)
+    uuid = line.uuid
+    if uuid is not None:
+        if uuid in state.seen_user_uuids:
+            request = None
+        else:
+            state.seen_user_uuids.add(uuid)
+    if request is not None:
+        state.turns.append(
+            ParsedTurn(
+                index=len(state.turns),
+                message_uuid=uuid if uuid else f"line-{line_number}",
+                timestamp=at,
+                request=request,
+            )
+        )
+    if type(content) is not list:
+        return
+    results = [block for block in content if block.type == "tool_result"]
+    if not results:
+        return
+    record = line.toolUseResult if len(results) == 1 else None
+    for result in results:
+        pending = state.pending_tools.pop(str(result.tool_use_id), None)
+        if pending is None or result.is_error is True:
+            continue  # a failed call changed nothing
+        turn, name, tool_input = pending
+        if turn < len(state.turns):
+            _tool_evidence(state.turns[turn].evidence, name, tool_input, record)
+
+
+def _struct_prompt_text(line: _Line, content: str | list[_Block] | None) -> str | None:
+    """prompt_text of a decoded line."""
+    if line.isSidechain or line.isMeta or line.isCompactSummary:
+        return None
+    if len(line.toolUseResult):  # present, whatever it holds
+        return None
+    if type(content) is str:
+        text = content
+    elif type(content) is list:
+        texts: list[str] = []
+        has_image = False
+        for block in content:
+            block_type = block.type
+            if block_type == "tool_result":
+                return None
+            if block_type == "text" and block.text is not None:
+                texts.append(block.text)
+            elif block_type in ("image", "document"):
+                has_image = True
+        text = "\n".join(texts)
+        if not text.strip() and has_image:
+            text = "[image]"
+    else:
+        raise ValueError("message.content is neither text nor a list of blocks")
+    text = text.strip()
+    if not text or _WRAPPER_RE.match(text) or text.startswith(_INTERRUPT_PREFIX):
+        return None
+    return text
 
 
 def _read_metadata(state: _State, value: dict[str, Any]) -> None:
@@ -572,13 +1003,30 @@ def _read_assistant(
     else:
         # Without an id a line cannot be matched to its siblings; count it alone.
         key = ("line", f"{lines.path.name}:{line_number}")
+    _count_response(
+        state, key, model, message.get("usage"), value.get("costUSD"), at,
+        from_subagent=from_subagent,
+    )  # fmt: skip
+
+
+def _count_response(
+    state: _State,
+    key: tuple[str, str],
+    model: str,
+    raw_usage: dict[str, Any] | _Usage | None,
+    raw_cost: object,
+    at: datetime,
+    *,
+    from_subagent: bool,
+) -> None:
+    """One assistant line's usage (a JSON object, or its _Usage from the fast path) added to
+    the response `key` names; ValueError when the usage or the cost is malformed."""
     response = state.responses.get(key)
-    raw_usage = message.get("usage")
     # A streamed sibling repeating the usage already counted (most of them do) is not
     # read again: the same object gave a valid usage before.
     repeated = response is not None and raw_usage == response.raw_usage
     usage = TokenUsage() if repeated else anthropic_usage(raw_usage, where="message.usage")
-    cost = _cost(value.get("costUSD"))
+    cost = _cost(raw_cost)
 
     if from_subagent:
         turn_index = -1
@@ -604,7 +1052,7 @@ def _read_assistant(
         )
         state.responses[key] = response
     response.usage = merged
-    if isinstance(raw_usage, dict):
+    if raw_usage is not None:  # an object: anything else was refused above
         response.raw_usage = raw_usage
     response.first_at = min(response.first_at, at)
     response.last_at = max(response.last_at, at)
@@ -634,6 +1082,8 @@ def anthropic_usage(raw: object, *, where: str = "usage") -> TokenUsage:
     ValueError (naming `where`) when it is not a usage object."""
     if raw is None:
         return TokenUsage()
+    if type(raw) is _Usage:
+        return _struct_usage(raw)
     if not isinstance(raw, dict):
         raise ValueError(f"{where} is not an object")
     cache_write = token_count(raw, "cache_creation_input_tokens")
@@ -651,6 +1101,33 @@ def anthropic_usage(raw: object, *, where: str = "usage") -> TokenUsage:
         write_5m,
         write_1h,
     )
+
+
+def _struct_usage(raw: _Usage) -> TokenUsage:
+    """anthropic_usage of a _Usage: the same counts, checked in the same order."""
+    cache_write = _count(raw.cache_creation_input_tokens, "cache_creation_input_tokens")
+    write_5m, write_1h = cache_write, 0
+    split = raw.cache_creation
+    if split is not None:
+        write_5m = _count(split.ephemeral_5m_input_tokens, "ephemeral_5m_input_tokens")
+        write_1h = _count(split.ephemeral_1h_input_tokens, "ephemeral_1h_input_tokens")
+        write_5m += max(0, cache_write - write_5m - write_1h)
+    return TokenUsage(
+        _count(raw.input_tokens, "input_tokens"),
+        _count(raw.output_tokens, "output_tokens"),
+        _count(raw.cache_read_input_tokens, "cache_read_input_tokens"),
+        write_5m,
+        write_1h,
+    )
+
+
+def _count(value: int | None, key: str) -> int:
+    """token_count of a _Usage field (an int or None)."""
+    if value is None:
+        return 0
+    if 0 <= value <= MAX_LINE_TOKENS:
+        return value
+    return token_count({key: value}, key)  # raises, naming the field
 
 
 def _cost(raw: object) -> float | None:
@@ -684,10 +1161,13 @@ def _read_subagents(
         sub_lines: JsonLines | None = None
         state.asked_at = None  # a sub-agent file's responses answer its own requests
         try:
-            sub_lines = JsonLines(sub_path, max_bytes=max_bytes)
+            sub_lines = JsonLines(sub_path, max_bytes=max_bytes, decoder=_LINE_DECODER)
             sub_problems = sub_lines.problems
             for line_number, value in sub_lines:
-                _read_line(state, sub_lines, line_number, value, main_file=False)
+                if type(value) is _Line:
+                    _read_struct_line(state, sub_lines, line_number, value, main_file=False)
+                else:
+                    _read_line(state, sub_lines, line_number, value, main_file=False)
         except TranscriptError as exc:
             empty = _size(sub_path) == 0 or (sub_lines is not None and not sub_lines.lines_read)
             if empty:
@@ -787,16 +1267,30 @@ def _read_tool_results(state: _State, value: dict[str, Any]) -> None:
             )  # fmt: skip
 
 
+# The tools whose calls _tool_evidence records.
+_EVIDENCE_TOOLS = _UNRECORDED_TOOLS | {"Read", "Edit", "MultiEdit", "Write", "Bash"}
+
+
 def _tool_evidence(
-    evidence: Evidence, name: str, tool_input: dict[str, Any], record: dict[str, Any]
+    evidence: Evidence,
+    name: str,
+    tool_input: dict[str, Any] | msgspec.Raw,
+    record: dict[str, Any] | msgspec.Raw | None,
 ) -> None:
+    """The evidence of one successful tool call. Its input and the tool's record come as
+    JSON objects (the general path) or as their JSON text (the fast path), read here only
+    for the tools and the fields that make evidence."""
+    if name not in _EVIDENCE_TOOLS:
+        return
+    tool_input = _json_object(tool_input)
     path = tool_input.get("file_path")
     path = path if isinstance(path, str) and path else None
     if name in _UNRECORDED_TOOLS:
         evidence.add({"kind": "other", "tool": name, "path": path})
     elif name == "Read" and path:
-        _read_evidence(evidence, path, record)
+        _read_evidence(evidence, path, _json_object(record))
     elif name == "Edit" and path:
+        record = _json_object(record)
         old = _string_field(record, "oldString", tool_input, "old_string")
         new = _string_field(record, "newString", tool_input, "new_string")
         if old is None or new is None:
@@ -821,6 +1315,7 @@ def _tool_evidence(
                      "new": kept_text(new), "all": bool(edit.get("replace_all")), "before": None}
                 )  # fmt: skip
     elif name == "Write" and path and isinstance(tool_input.get("content"), str):
+        record = _json_object(record)
         original = record.get("originalFile")
         kind = record.get("type")
         evidence.add(
@@ -838,13 +1333,39 @@ def _tool_evidence(
              "cut": len(command) > MAX_EVIDENCE_COMMAND_CHARS}
         )  # fmt: skip
         match = _SIMPLE_CAT_RE.match(command)
+        if not match:
+            return
+        record = _json_object(record)
         stdout = record.get("stdout")
-        if match and isinstance(stdout, str) and not record.get("interrupted"):
+        if isinstance(stdout, str) and not record.get("interrupted"):
             if not record.get("stderr"):
                 evidence.add(
                     {"kind": "read", "tool": name, "path": match.group(1),
                      "text": kept_text(stdout), "match": "trimmed"}
                 )  # fmt: skip
+
+
+def _is_json_object(raw: msgspec.Raw) -> bool:
+    """Whether a Raw field holds an object (msgspec keeps its text from its first byte)."""
+    return len(raw) > 0 and memoryview(raw)[0] == 0x7B  # "{"
+
+
+def _json_object(value: dict[str, Any] | msgspec.Raw | None) -> dict[str, Any]:
+    """A tool call's input or record as the general path reads it: the object, or {} when
+    it is absent or no object."""
+    if type(value) is dict:
+        return value
+    if value is None or not len(value):
+        return {}
+    try:
+        decoded = orjson.loads(memoryview(value))
+    except orjson.JSONDecodeError:
+        # A number out of orjson's range (1e400): json reads it, as it read the line.
+        try:
+            decoded = json.loads(bytes(value).decode("utf-8"))
+        except (ValueError, RecursionError):
+            return {}
+    return decoded if isinstance(decoded, dict) else {}
 
 
 def _read_evidence(evidence: Evidence, path: str, record: dict[str, Any]) -> None:
