@@ -484,7 +484,7 @@ def _export_responses(
     }
 
 
-def _leaderboard(request: Request) -> leaderboards.Leaderboard:
+def _leaderboard(request: Request, *, with_choices: bool) -> leaderboards.Leaderboard:
     try:
         filters = leaderboards.parse_filters(request.query_params)
     except leaderboards.InvalidFilter as exc:
@@ -493,7 +493,7 @@ def _leaderboard(request: Request) -> leaderboards.Leaderboard:
             message=exc.message,
             details={"field": exc.field, "value": exc.value},
         ) from None
-    return leaderboards.leaderboard(user=request.user, filters=filters)
+    return leaderboards.leaderboard(user=request.user, filters=filters, with_choices=with_choices)
 
 
 class LeaderboardView(ExportMixin, APIView):
@@ -516,7 +516,7 @@ class LeaderboardView(ExportMixin, APIView):
         "GET /api/leaderboard/filters lists the values each filter can take.",
     )
     def get(self, request: Request) -> Response:
-        board = _leaderboard(request)
+        board = _leaderboard(request, with_choices=False)
         response = Response(LeaderboardRowSerializer(board.rows, many=True).data)
         response["X-Replays-Evaluator"] = board.evaluator or ""
         response["X-Replays-Prompt-Version"] = board.prompt_version or ""
@@ -534,7 +534,7 @@ class LeaderboardFiltersView(APIView):
         "these filters, and the values each filter can take among your runs.",
     )
     def get(self, request: Request) -> Response:
-        return Response(LeaderboardFiltersSerializer(_leaderboard(request)).data)
+        return Response(LeaderboardFiltersSerializer(_leaderboard(request, with_choices=True)).data)
 
 
 class BatchResultsView(ExportMixin, APIView):

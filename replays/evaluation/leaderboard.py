@@ -14,22 +14,23 @@ figures come from replays.statistics. What counts (docs/evaluation.md):
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import date
 from decimal import Decimal
+from operator import itemgetter
 from typing import Any
 
+from django.db import connections
 from django.db.models import (
     BigIntegerField,
     Case,
     CharField,
     Count,
-    ExpressionWrapper,
     F,
     FilteredRelation,
-    IntegerField,
     Q,
     QuerySet,
     Value,
@@ -44,7 +45,6 @@ from replays.models import (
     ACTIVE_RUN_STATUSES,
     TOKEN_FIELDS,
     FailureCode,
-    Report,
     ReportStatus,
     Run,
     RunStatus,
@@ -213,7 +213,8 @@ class Leaderboard:
     prompt_version: str | None
     rows: list[Row]
     head_to_head: dict[tuple[str, str], statistics.Record]
-    choices: Choices
+    # None when not asked for (the API's rows do without them).
+    choices: Choices | None
 
     @property
     def models(self) -> list[str]:
@@ -279,11 +280,11 @@ REQUEST = slice(8, 11)
 
 def _entries(user: Any, filters: Filters) -> list[_Entry]:
     """Every finished run the filters keep (the context too), with what its current
-    report says, in the order the runs were made: one query.
+    report says, by model and in the order the runs were made: one query.
 
-    Plain columns and expressions whose values the database driver hands over as they
-    are (no Decimal, no JSON, no model instance): at 10,000 runs, reading the rows was
-    most of the page's time.
+    Only the figures' columns, the outcome and the cost worked out in the query, and the
+    rows read as the database driver returns them: at 10,000 runs, making Decimals,
+    reading JSON and Django's per-value converters were most of the page's time.
     """
     runs = (
         _runs(user, filters)
@@ -298,14 +299,15 @@ def _entries(user: Any, filters: Filters) -> list[_Entry]:
         runs = runs.annotate(in_context=Coalesce("current__context", "context")).filter(
             in_context=filters.context
         )
-    values = runs.annotate(
-        outcome=_OUTCOME,
-        in_evaluator=Coalesce("current__evaluator", "batch__evaluator"),
-        in_version=F("current__prompt_version"),
-        score=F("current__score_replay"),
-        # An integer, not a bool: SQLite's bool converter is a Python call per row.
-        agreed=ExpressionWrapper(F("current__consistent"), output_field=IntegerField()),
-        cost=Case(
+    # In _Entry's order; all annotations, so the query selects them in this order.
+    columns = {
+        "entry_model": F("model"),
+        "entry_outcome": _OUTCOME,
+        "entry_evaluator": Coalesce("current__evaluator", "batch__evaluator"),
+        "entry_version": F("current__prompt_version"),
+        "entry_score": F("current__score_replay"),
+        "entry_agreed": F("current__consistent"),
+        "entry_cost": Case(
             # A run that did no work (it never started) spent nothing: that is known.
             When(
                 Q(cost_usd__isnull=True) & ~Q(status=RunStatus.COMPLETED) & Q(tokens_used=0),
@@ -314,47 +316,56 @@ def _entries(user: Any, filters: Filters) -> list[_Entry]:
             default=Cast(Round(F("cost_usd") * MICRO_USD), BigIntegerField()),
             output_field=BigIntegerField(),
         ),
-    ).values_list(
-        "model",
-        "outcome",
-        "in_evaluator",
-        "in_version",
-        "score",
-        "agreed",
-        "cost",
-        "wall_seconds",
-        "thread_id",
-        "start_message_uuid",
-        "end_message_uuid",
-    )
-    return list(values.order_by("id"))
+        "entry_seconds": F("wall_seconds"),
+        "entry_thread": F("thread_id"),
+        "entry_start": F("start_message_uuid"),
+        "entry_end": F("end_message_uuid"),
+    }
+    values = runs.annotate(**columns).values_list(*columns).order_by("model", "id")
+    return _driver_rows(values)
+
+
+def _driver_rows(queryset: QuerySet[Any]) -> list[Any]:
+    """The rows of a values_list() query as the database driver returns them: the ORM
+    writes the query, and no converter runs per value (SQLite's bool and Django's int
+    converters were a fifth of the time at 10,000 runs). Booleans may come as 0 and 1."""
+    sql, params = queryset.query.get_compiler(using=queryset.db).as_sql()
+    with connections[queryset.db].cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.fetchall()
 
 
 def filter_choices(user: Any) -> Choices:
-    """What each filter can be set to, over all the user's runs: two queries."""
-    visible = Run.objects.visible_to(user)
-    reports = (
-        Report.objects.filter(
-            is_current=True, status=ReportStatus.JUDGED, run__in=visible.values("pk")
+    """What each filter can be set to, over all the user's runs: one query."""
+    judged = Q(current__status=ReportStatus.JUDGED)
+    groups = (
+        Run.objects.visible_to(user)
+        .annotate(current=FilteredRelation("reports", condition=Q(reports__is_current=True)))
+        .values(
+            "repository",
+            "model",
+            # The current judged report's, null for a run without one.
+            judged_evaluator=Case(When(judged, then=F("current__evaluator"))),
+            judged_version=Case(When(judged, then=F("current__prompt_version"))),
+            judged_context=Case(When(judged, then=F("current__context"))),
         )
-        .values("evaluator", "prompt_version", "context")
         .annotate(count=Count("id"))
         .order_by()
     )
     evaluators: Counter[str] = Counter()
     versions: Counter[str] = Counter()
     contexts: Counter[str] = Counter()
-    for row in reports:
-        evaluators[row["evaluator"]] += row["count"]
-        versions[row["prompt_version"]] += row["count"]
-        contexts[row["context"]] += row["count"]
-    runs = visible.values("repository", "model").annotate(count=Count("id")).order_by()
     repositories: Counter[str] = Counter()
     agents: Counter[str] = Counter()
-    for row in runs:
+    for row in groups:
+        count = row["count"]
         if row["repository"]:
-            repositories[row["repository"]] += row["count"]
-        agents[agent_of(row["model"])] += row["count"]
+            repositories[row["repository"]] += count
+        agents[agent_of(row["model"])] += count
+        if row["judged_evaluator"] is not None:
+            evaluators[row["judged_evaluator"]] += count
+            versions[row["judged_version"]] += count
+            contexts[row["judged_context"]] += count
     return Choices(
         evaluators=_by_use(evaluators),
         prompt_versions=_by_use(versions),
@@ -424,39 +435,54 @@ def _rank(row: Row) -> tuple[Any, ...]:
     return (0, -row.rate_low, -(row.rate or 0.0), -row.n, row.model)
 
 
-def leaderboard(*, user: Any, filters: Filters) -> Leaderboard:
-    """The leaderboard over the runs `user` may see: three queries, whatever their number.
+def leaderboard(*, user: Any, filters: Filters, with_choices: bool = True) -> Leaderboard:
+    """The leaderboard over the runs `user` may see: one query, whatever their number,
+    and two more for the filters' choices (`with_choices`).
 
     Without an evaluator (or prompt version) in the filters, the figures are for the most
     used among the current judged reports the other filters keep, so a filter never
     leaves the board empty just because another evaluator was the most used overall.
     """
-    choices = filter_choices(user)
+    choices = filter_choices(user) if with_choices else None
     entries = _entries(user, filters)
-    judged = [entry for entry in entries if entry[OUTCOME] in _JUDGED]
-    evaluator = filters.evaluator or _most_used(Counter(entry[EVALUATOR] for entry in judged))
-    prompt_version = filters.prompt_version or _most_used(
-        Counter(entry[VERSION] or "" for entry in judged if entry[EVALUATOR] == evaluator)
+    judged = Counter(
+        (entry[EVALUATOR], entry[VERSION]) for entry in entries if entry[OUTCOME] in _JUDGED
     )
-    by_model: dict[str, list[_Entry]] = {}
+    evaluators: Counter[str] = Counter()
+    for (in_evaluator, _), count in judged.items():
+        evaluators[in_evaluator] += count
+    evaluator = filters.evaluator or _most_used(evaluators)
+    versions: Counter[str] = Counter()
+    for (in_evaluator, version), count in judged.items():
+        if in_evaluator == evaluator:
+            versions[version or ""] += count
+    prompt_version = filters.prompt_version or _most_used(versions)
+    in_view = [
+        entry
+        for entry in entries
+        if evaluator is not None
+        and entry[EVALUATOR] == evaluator
+        and (entry[VERSION] is None or entry[VERSION] == prompt_version)
+    ]
+    rows = []
     # Head to head: over the requests two models both replayed and both got judged on; a
-    # model that replayed a request more than once counts with its latest run (entries
-    # come in the order the runs were made).
-    scores: dict[str, dict[tuple[int, str, str], float]] = {}
-    if evaluator is not None:
-        for entry in entries:
-            model, outcome, in_evaluator, version, score = entry[:5]
-            if in_evaluator != evaluator or (version is not None and version != prompt_version):
-                continue
-            by_model.setdefault(model, []).append(entry)
-            if outcome in _JUDGED and score is not None:
-                scores.setdefault(model, {})[entry[REQUEST]] = score
-    rows = sorted((_row(model, found) for model, found in by_model.items()), key=_rank)
+    # model that replayed a request more than once counts with its latest run (a model's
+    # entries come in the order its runs were made). Requests numbered: ints hash faster.
+    request_ids: dict[tuple[int, str, str], int] = {}
+    scores: dict[str, dict[int, float]] = {}
+    for model, group in itertools.groupby(in_view, key=itemgetter(MODEL)):
+        found = list(group)
+        rows.append(_row(model, found))
+        scores[model] = {
+            request_ids.setdefault(entry[REQUEST], len(request_ids)): entry[SCORE]
+            for entry in found
+            if entry[OUTCOME] in _JUDGED and entry[SCORE] is not None
+        }
     return Leaderboard(
         filters=filters,
         evaluator=evaluator,
         prompt_version=prompt_version,
-        rows=rows,
+        rows=sorted(rows, key=_rank),
         head_to_head=statistics.head_to_head(scores),
         choices=choices,
     )

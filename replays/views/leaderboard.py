@@ -246,8 +246,8 @@ def leaderboard(request: HttpRequest) -> HttpResponse:
         # The form still offers every value, so the mistake can be put right there.
         choices = leaderboards.filter_choices(request.user)
     else:
-        board = leaderboards.leaderboard(user=request.user, filters=filters)
-        choices = board.choices
+        board = leaderboards.leaderboard(user=request.user, filters=filters, with_choices=True)
+        choices = board.choices or leaderboards.filter_choices(request.user)
     rows = []
     if board is not None:
         for model in board.models:
