@@ -17,6 +17,7 @@ import functools
 import logging
 import os
 import sys
+import threading
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -94,6 +95,12 @@ def _free_slots(host: str) -> int:
     global_free = settings.REPLAYS_MAX_PARALLEL_RUNS - active.count()
     host_free = settings.REPLAYS_MAX_RUNS_PER_HOST - active.filter(host=host).count()
     return max(0, min(global_free, host_free))
+
+
+def waits_beside_free_slot(host: str | None = None) -> bool:
+    """A queued run waits while `host` has a free slot: a dispatch there would claim it."""
+    host = host or settings.REPLAYS_HOST_NAME
+    return _queued_in_order().exists() and _free_slots(host) > 0
 
 
 def claim_queued_runs(*, host: str | None = None, limit: int | None = None) -> list[Run]:
@@ -241,10 +248,14 @@ post_spawn.connect(_mark_task_worker, dispatch_uid="replays.dispatch.mark_task_w
 
 
 def _forks_coordinators(host: str) -> bool:
+    """Fork only in a worker's main thread: a fork copies the forking thread alone, and the
+    host loop's thread (which dispatches when the task queue stalls) runs beside a main
+    thread that may hold any lock; from there a new interpreter is started instead."""
     return (
         _in_task_worker
         and settings.REPLAYS_FORK_COORDINATORS
         and host == settings.REPLAYS_HOST_NAME
+        and threading.current_thread() is threading.main_thread()
     )
 
 

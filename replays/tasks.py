@@ -136,15 +136,56 @@ def host_loop(*, turns: int | None = None) -> None:
 def host_loop_turn(*, first: bool) -> dict[str, Any]:
     """One turn: report the host, reconcile, and ask for a dispatch at the cluster's start
     or when reconcile freed a slot (the schedule would otherwise take up to a minute).
-    The dispatch is a task, run by a worker's main thread: coordinators are started (and
-    forked) from there, never from this thread."""
+    The dispatch is a task, run by a worker's main thread: coordinators are forked from
+    there. Only when the task queue has stalled does this thread dispatch itself
+    (`dispatch_if_stalled`)."""
     hosts.report_host()
     report = dispatch.reconcile_runs()
     freed = report.launch_failed + report.coordinator_lost + report.cancelled
     if first or freed:
         logger.info("%s: %s", "Cluster start" if first else "Reconciled", report.as_dict())
         dispatch.request_dispatch()
-    return report.as_dict()
+    return {**report.as_dict(), "dispatched_by_the_loop": dispatch_if_stalled()}
+
+
+# Since when (time.monotonic()) this process's loop has seen a queued run wait beside a
+# free slot of this host; None while nothing waits so.
+_waiting_since: float | None = None
+
+
+def dispatch_if_stalled(now: float | None = None) -> list[int]:
+    """Dispatch from the loop when a queued run has waited beside a free slot of this host
+    for REPLAYS_DISPATCH_STALL_SECONDS; the runs started.
+
+    A dispatch task claims such a run within a second or two, so a wait that long means
+    no dispatch reached this host: most often the cluster takes no task at all, because a
+    worker SIGKILLed (the OOM killer, a person) while it held the task queue's read lock
+    leaves every other worker blocked on that lock for ever though every process looks
+    alive (django-q2 #23); or the dispatches asked for went to another host's cluster,
+    which was full. The coordinators are started as new interpreters (this thread never
+    forks, see dispatch._forks_coordinators). The error logged says what to do, since a
+    stuck cluster stays stuck for every task until it is restarted."""
+    global _waiting_since
+    now = time.monotonic() if now is None else now
+    if not dispatch.waits_beside_free_slot():
+        _waiting_since = None
+        return []
+    if _waiting_since is None:
+        _waiting_since = now
+    waited = now - _waiting_since
+    if waited < settings.REPLAYS_DISPATCH_STALL_SECONDS:
+        return []
+    _waiting_since = None
+    started = dispatch.dispatch_runs()
+    logger.error(
+        "A queued run waited %.0f s beside a free slot on %s and no dispatch came from the "
+        "task queue: the loop dispatched it (runs %s). If this repeats, the cluster takes no "
+        "task (a worker killed while it held the queue's lock, django-q2 #23): restart it.",
+        waited,
+        settings.REPLAYS_HOST_NAME,
+        started,
+    )
+    return started
 
 
 def _take_host_lock() -> IO[bytes] | None:

@@ -150,6 +150,10 @@ REPLAYS_HEARTBEAT_SECONDS = env_float("REPLAYS_HEARTBEAT_SECONDS", 3.0, minimum=
 REPLAYS_HEARTBEAT_STALE_SECONDS = env_float("REPLAYS_HEARTBEAT_STALE_SECONDS", 60.0, minimum=1.0)
 # A launching run whose coordinator never reported within this time failed to launch.
 REPLAYS_LAUNCH_GRACE_SECONDS = env_float("REPLAYS_LAUNCH_GRACE_SECONDS", 120.0, minimum=1.0)
+# A queued run that waits this long beside a free slot on a host, with no dispatch taken
+# from the task queue meanwhile, is dispatched by that host's loop itself (a django-q2
+# worker that died holding the queue's lock stops its whole cluster: django-q2 #23).
+REPLAYS_DISPATCH_STALL_SECONDS = env_float("REPLAYS_DISPATCH_STALL_SECONDS", 20.0, minimum=1.0)
 # How long a prepare token stays valid.
 REPLAYS_PREPARE_TOKEN_SECONDS = env_int("REPLAYS_PREPARE_TOKEN_SECONDS", 300, minimum=1)
 REPLAYS_DEFAULT_TIMEOUT_SECONDS = env_int("REPLAYS_DEFAULT_TIMEOUT_SECONDS", 1200, minimum=1)
