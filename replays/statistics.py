@@ -144,23 +144,31 @@ def head_to_head(
     """
     records: dict[tuple[str, str], Record] = {}
     models = list(scores)
+    tolerance = SCORE_TIE_TOLERANCE
     # Each pair once: b's record against a is a's mirrored (its wins are a's losses).
     for index, a in enumerate(models):
         a_scores = scores[a]
         for b in models[index + 1 :]:
             b_scores = scores[b]
-            shared = a_scores.keys() & b_scores.keys()
-            if not shared:
-                continue
+            # Look the smaller one's requests up in the larger (no set of the shared ones).
+            mirrored = len(b_scores) < len(a_scores)
+            few, many = (b_scores, a_scores) if mirrored else (a_scores, b_scores)
             wins = ties = losses = 0
-            for key in shared:
-                difference = a_scores[key] - b_scores[key]
-                if abs(difference) <= SCORE_TIE_TOLERANCE:
+            for key, score in few.items():
+                other = many.get(key)
+                if other is None:
+                    continue
+                difference = score - other
+                if -tolerance <= difference <= tolerance:
                     ties += 1
                 elif difference > 0:
                     wins += 1
                 else:
                     losses += 1
+            if not wins + ties + losses:
+                continue
+            if mirrored:
+                wins, losses = losses, wins
             records[(a, b)] = Record(wins, ties, losses)
             records[(b, a)] = Record(losses, ties, wins)
     return records
