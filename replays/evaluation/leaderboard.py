@@ -31,6 +31,7 @@ from django.db.models import (
     Count,
     F,
     FilteredRelation,
+    IntegerField,
     Q,
     QuerySet,
     Value,
@@ -53,6 +54,8 @@ from replays.models import (
 
 BASELINES = (HISTORICAL, EMPTY)
 FILTER_NAMES = ("repository", "agent", "evaluator", "prompt_version", "context", "since", "until")
+# The filters that leave some runs out (evaluator and prompt version choose a view of them).
+RUN_FILTERS = ("repository", "agent", "context", "since", "until")
 # Long enough for a repository path; a longer value is a mistake, not a filter.
 MAX_FILTER_LENGTH = 4096
 
@@ -278,21 +281,34 @@ MODEL, OUTCOME, EVALUATOR, VERSION, SCORE, AGREED, COST, SECONDS = range(8)
 REQUEST = slice(8, 11)
 
 
-def _entries(user: Any, filters: Filters) -> list[_Entry]:
+# With all_runs, three more columns after _Entry's, for the filters' choices.
+ACTIVE, REPOSITORY, REPORT_CONTEXT = 11, 12, 13
+_CHOICE_COLUMNS = {
+    "choice_active": Case(
+        When(status__in=ACTIVE_RUN_STATUSES, then=Value(1)),
+        default=Value(0),
+        output_field=IntegerField(),
+    ),
+    "choice_repository": F("repository"),
+    "choice_context": F("current__context"),
+}
+
+
+def _entries(user: Any, filters: Filters, *, all_runs: bool = False) -> list[_Entry]:
     """Every finished run the filters keep (the context too), with what its current
-    report says, by model and in the order the runs were made: one query.
+    report says, by model and in the order the runs were made: one query. With
+    `all_runs` (no filter on the runs then), active runs too, and _CHOICE_COLUMNS.
 
     Only the figures' columns, the outcome and the cost worked out in the query, and the
     rows read as the database driver returns them: at 10,000 runs, making Decimals,
     reading JSON and Django's per-value converters were most of the page's time.
     """
-    runs = (
-        _runs(user, filters)
-        .exclude(status__in=ACTIVE_RUN_STATUSES)
-        .annotate(
-            current=FilteredRelation("reports", condition=Q(reports__is_current=True)),
-            tokens_used=sum((F(name) for name in TOKEN_FIELDS[1:]), F(TOKEN_FIELDS[0])),
-        )
+    runs = _runs(user, filters)
+    if not all_runs:
+        runs = runs.exclude(status__in=ACTIVE_RUN_STATUSES)
+    runs = runs.annotate(
+        current=FilteredRelation("reports", condition=Q(reports__is_current=True)),
+        tokens_used=sum((F(name) for name in TOKEN_FIELDS[1:]), F(TOKEN_FIELDS[0])),
     )
     if filters.context is not None:
         # Without a report, the context the run was given.
@@ -320,6 +336,7 @@ def _entries(user: Any, filters: Filters) -> list[_Entry]:
         "entry_thread": F("thread_id"),
         "entry_start": F("start_message_uuid"),
         "entry_end": F("end_message_uuid"),
+        **(_CHOICE_COLUMNS if all_runs else {}),
     }
     values = runs.annotate(**columns).values_list(*columns).order_by("model", "id")
     return _driver_rows(values)
@@ -352,20 +369,45 @@ def filter_choices(user: Any) -> Choices:
         .annotate(count=Count("id"))
         .order_by()
     )
-    evaluators: Counter[str] = Counter()
-    versions: Counter[str] = Counter()
-    contexts: Counter[str] = Counter()
+    judged: Counter[tuple[str, str, str]] = Counter()
     repositories: Counter[str] = Counter()
-    agents: Counter[str] = Counter()
+    models: Counter[str] = Counter()
     for row in groups:
         count = row["count"]
         if row["repository"]:
             repositories[row["repository"]] += count
-        agents[agent_of(row["model"])] += count
+        models[row["model"]] += count
         if row["judged_evaluator"] is not None:
-            evaluators[row["judged_evaluator"]] += count
-            versions[row["judged_version"]] += count
-            contexts[row["judged_context"]] += count
+            judged[row["judged_evaluator"], row["judged_version"], row["judged_context"]] += count
+    return _choices(judged, repositories, models)
+
+
+def _choices_of(rows: list[Any]) -> Choices:
+    """filter_choices, from _entries(all_runs=True) rather than a query of its own."""
+    judged = Counter(
+        (row[EVALUATOR], row[VERSION], row[REPORT_CONTEXT])
+        for row in rows
+        if row[OUTCOME] in _JUDGED
+    )
+    repositories = Counter(row[REPOSITORY] for row in rows if row[REPOSITORY])
+    return _choices(judged, repositories, Counter(row[MODEL] for row in rows))
+
+
+def _choices(
+    judged: Counter[tuple[str, str, str]], repositories: Counter[str], models: Counter[str]
+) -> Choices:
+    """The choices from the counts of current judged reports by (evaluator, prompt
+    version, context) and of runs by repository and by model."""
+    evaluators: Counter[str] = Counter()
+    versions: Counter[str] = Counter()
+    contexts: Counter[str] = Counter()
+    for (evaluator, version, context), count in judged.items():
+        evaluators[evaluator] += count
+        versions[version] += count
+        contexts[context] += count
+    agents: Counter[str] = Counter()
+    for model, count in models.items():
+        agents[agent_of(model)] += count
     return Choices(
         evaluators=_by_use(evaluators),
         prompt_versions=_by_use(versions),
@@ -437,14 +479,21 @@ def _rank(row: Row) -> tuple[Any, ...]:
 
 def leaderboard(*, user: Any, filters: Filters, with_choices: bool = True) -> Leaderboard:
     """The leaderboard over the runs `user` may see: one query, whatever their number,
-    and two more for the filters' choices (`with_choices`).
+    and one more for the filters' choices (`with_choices`) when a filter narrows the runs.
 
     Without an evaluator (or prompt version) in the filters, the figures are for the most
     used among the current judged reports the other filters keep, so a filter never
     leaves the board empty just because another evaluator was the most used overall.
     """
-    choices = filter_choices(user) if with_choices else None
-    entries = _entries(user, filters)
+    choices: Choices | None = None
+    if with_choices and not any(getattr(filters, name) is not None for name in RUN_FILTERS):
+        # The choices are over all the runs: here, the same rows as the figures.
+        rows = _entries(user, filters, all_runs=True)
+        choices = _choices_of(rows)
+        entries = [row for row in rows if not row[ACTIVE]]
+    else:
+        choices = filter_choices(user) if with_choices else None
+        entries = _entries(user, filters)
     judged = Counter(
         (entry[EVALUATOR], entry[VERSION]) for entry in entries if entry[OUTCOME] in _JUDGED
     )
