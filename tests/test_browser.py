@@ -204,3 +204,32 @@ def test_replay_a_thread_from_its_page_and_approve_it(
     for index in range(2):
         expect(cards.nth(index).locator(".status")).to_have_text("Queued")
     expect(page.get_by_role("button", name="Cancel batch")).to_be_visible()
+
+
+@pytest.mark.parametrize("width", [375, 600])
+def test_the_header_fits_a_phone_screen_and_every_link_can_be_reached(
+    browser: Browser, live_server: Any, staff_user: Any, width: int
+) -> None:
+    """A narrow screen (a phone held upright) must not scroll sideways: the header wraps,
+    and every main link stays visible inside the viewport."""
+    context = browser.new_context(viewport={"width": width, "height": 800})
+    context.set_default_timeout(10_000)
+    page = context.new_page()
+    try:
+        page.goto(live_server.url + "/accounts/login/")
+        page.get_by_label("Username").fill("carol")
+        page.get_by_label("Password").fill("correct-horse-battery")
+        page.get_by_role("button", name="Log in").click()
+        expect(page.get_by_role("navigation", name="Main")).to_be_visible()
+        assert page.evaluate("document.documentElement.scrollWidth") <= width
+        for name in ("Threads", "Batches", "Leaderboard", "Upload", "API docs", "Admin"):
+            box = page.get_by_role("navigation", name="Main").get_by_role("link", name=name)
+            box.scroll_into_view_if_needed()
+            bounds = box.bounding_box()
+            assert (
+                bounds is not None and 0 <= bounds["x"] and bounds["x"] + bounds["width"] <= width
+            )
+        logout = page.get_by_role("button", name="Log out").bounding_box()
+        assert logout is not None and logout["x"] + logout["width"] <= width
+    finally:
+        context.close()
