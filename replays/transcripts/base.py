@@ -96,27 +96,49 @@ class TokenUsage:
         }
 
 
-@dataclass
 class UsageBudget:
     """The usage a parser has taken from one session so far (sub-agent files included).
 
     ``add`` refuses usage that would take a kind past MAX_THREAD_TOKENS, raising
     TokensOutOfRange so that the line carrying it is skipped. A parser adds every
     usage it will count, before counting it, so nothing it sums can pass the bound.
+    The five sums are kept as plain integers: the Claude parser adds to them once per
+    assistant line.
     """
 
-    counted: TokenUsage = field(default_factory=TokenUsage)
+    __slots__ = ("input_tokens", "output_tokens", "cache_read_tokens",
+                 "cache_write_5m_tokens", "cache_write_1h_tokens")  # fmt: skip
+
+    def __init__(self) -> None:
+        self.input_tokens = self.output_tokens = self.cache_read_tokens = 0
+        self.cache_write_5m_tokens = self.cache_write_1h_tokens = 0
+
+    @property
+    def counted(self) -> TokenUsage:
+        return TokenUsage(
+            self.input_tokens, self.output_tokens, self.cache_read_tokens,
+            self.cache_write_5m_tokens, self.cache_write_1h_tokens,
+        )  # fmt: skip
 
     def add(self, usage: TokenUsage) -> None:
-        total = self.counted + usage
-        if max(total.input_tokens, total.output_tokens, total.cache_read_tokens,
-               total.cache_write_5m_tokens, total.cache_write_1h_tokens) > MAX_THREAD_TOKENS:  # fmt: skip
-            for kind, count in total.as_dict().items():
-                if count > MAX_THREAD_TOKENS:
+        self.add_counts(
+            usage.input_tokens, usage.output_tokens, usage.cache_read_tokens,
+            usage.cache_write_5m_tokens, usage.cache_write_1h_tokens,
+        )  # fmt: skip
+
+    def add_counts(self, i: int, o: int, r: int, w5: int, w1: int) -> None:
+        """``add`` of a usage given as its five counts, in TokenUsage's order."""
+        ti, to, tr = self.input_tokens + i, self.output_tokens + o, self.cache_read_tokens + r
+        t5, t1 = self.cache_write_5m_tokens + w5, self.cache_write_1h_tokens + w1
+        bound = MAX_THREAD_TOKENS
+        if ti > bound or to > bound or tr > bound or t5 > bound or t1 > bound:
+            for kind, count in zip(TokenUsage().as_dict(), (ti, to, tr, t5, t1), strict=True):
+                if count > bound:
                     raise TokensOutOfRange(
                         f"{OUT_OF_RANGE}: the session would pass {MAX_THREAD_TOKENS:,} {kind}"
                     )
-        self.counted = total
+        self.input_tokens, self.output_tokens, self.cache_read_tokens = ti, to, tr
+        self.cache_write_5m_tokens, self.cache_write_1h_tokens = t5, t1
 
 
 @dataclass(frozen=True)
@@ -330,6 +352,11 @@ def relative_path(path: str, cwd: str) -> str:
     path = posixpath.normpath(path)
     base = posixpath.normpath(cwd) if cwd.startswith("/") else ""
     if base and (path == base or path.startswith(base.rstrip("/") + "/")):
+        # posixpath.relpath, without its calls to abspath (both paths are normalised and
+        # absolute): what follows the base, when it is a plain relative path.
+        rest = "." if path == base else path[len(base.rstrip("/")) + 1 :]
+        if rest and not rest.startswith("/"):
+            return rest
         return posixpath.relpath(path, base)
     return path
 

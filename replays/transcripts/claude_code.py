@@ -26,6 +26,7 @@ from replays.transcripts.base import (
     MAX_EVIDENCE_COMMAND_CHARS,
     MAX_LINE_COST_USD,
     MAX_LINE_TOKENS,
+    MAX_THREAD_TOKENS,
     OUT_OF_RANGE,
     Evidence,
     LineProblem,
@@ -142,6 +143,7 @@ class JsonLines:
         decoder = self.decoder
         # json refuses an integer of more digits than this (0: no limit); msgspec skips it.
         max_digits = sys.get_int_max_str_digits()
+        long_line = max_digits or sys.maxsize  # a shorter line cannot hold such an integer
         try:
             data = self.data
             if data is None and decoder is not None:
@@ -161,9 +163,9 @@ class JsonLines:
                         )
                     if (
                         decoder is not None
-                        and raw[:1] == b"{"  # not blank, no byte order mark, an object
+                        and raw[0] == 0x7B  # "{": not blank, no byte order mark, an object
                         and (plain or _plainly_readable(raw))
-                        and not (len(raw) > max_digits > 0 and _long_integer(raw, max_digits))
+                        and (len(raw) <= long_line or not _long_integer(raw, max_digits))
                     ):
                         try:
                             value = decoder.decode(raw)
@@ -354,6 +356,16 @@ def looks_like_claude_line(value: object) -> bool:
 def parse_timestamp(value: object) -> datetime:
     """ISO 8601 text -> timezone-aware UTC datetime; ValueError when it is not one, or
     when it lies outside [EARLIEST_TIMESTAMP, LATEST_TIMESTAMP)."""
+    if type(value) is str and len(value) == 24 and value[23] == "Z":
+        # What both CLIs write ("2026-01-04T12:08:00.296Z"), read without the general
+        # steps below (it is UTC already); anything odd about it goes that way.
+        try:
+            parsed = datetime.fromisoformat(value)
+        except ValueError:
+            pass
+        else:
+            if EARLIEST_TIMESTAMP <= parsed < LATEST_TIMESTAMP:
+                return parsed
     if not isinstance(value, str) or not value.strip():
         raise ValueError(f"bad timestamp {shown(value)}")
     try:
@@ -451,6 +463,8 @@ class _State:
     started_at: datetime | None = None
     ended_at: datetime | None = None
     recognised: bool = False
+    # Whether all four fields _read_metadata looks for are known (it then looks no more).
+    metadata_known: bool = False
     # The latest user line (prompt or tool result) of the file being read.
     asked_at: datetime | None = None
     # Tool calls waiting for their result: tool_use id -> (turn index, tool name, input).
@@ -550,7 +564,7 @@ def parse_claude_code(
     state = _State()
     for line_number, value in lines:
         if type(value) is _Line:
-            _read_struct_line(state, lines, line_number, value, main_file=True)
+            _read_struct_line(state, lines, line_number, value, True)
         else:
             _read_line(state, lines, line_number, value, main_file=True)
     if not state.recognised:
@@ -651,7 +665,7 @@ def _read_line(
 
 
 def _read_struct_line(
-    state: _State, lines: JsonLines, line_number: int, line: _Line, *, main_file: bool
+    state: _State, lines: JsonLines, line_number: int, line: _Line, main_file: bool
 ) -> None:
     """_read_line for a line the fast path decoded: the same steps in the same order, over
     a Struct whose fields have their usual shapes (so without most of _read_line's checks)."""
@@ -663,12 +677,22 @@ def _read_struct_line(
 
     at: datetime | None = None
     chat = line_type == "assistant" or line_type == "user"
-    if line.timestamp is not msgspec.UNSET:
-        try:
-            at = parse_timestamp(line.timestamp)
-        except ValueError as exc:
-            lines.problem(line_number, str(exc))
-            return
+    timestamp = line.timestamp
+    if timestamp is not msgspec.UNSET:
+        if len(timestamp) == 24 and timestamp[23] == "Z":
+            # parse_timestamp's first step, inline (it runs for nearly every line).
+            try:
+                at = datetime.fromisoformat(timestamp)
+            except ValueError:
+                pass
+            if at is not None and not EARLIEST_TIMESTAMP <= at < LATEST_TIMESTAMP:
+                at = None
+        if at is None:
+            try:
+                at = parse_timestamp(timestamp)
+            except ValueError as exc:
+                lines.problem(line_number, str(exc))
+                return
     elif chat:
         lines.problem(line_number, f"{line_type} line has no timestamp")
         return
@@ -694,7 +718,7 @@ def _read_struct_line(
         # A sub-agent file adds usage only; its prompts, titles and times are its own.
         return
 
-    if not (state.session_id and state.cwd and state.git_branch and state.cli_version):
+    if not state.metadata_known:
         # The first line that carries each field wins (as _read_metadata).
         if not state.session_id and line.sessionId:
             state.session_id = line.sessionId
@@ -704,8 +728,15 @@ def _read_struct_line(
             state.git_branch = line.gitBranch
         if not state.cli_version and line.version:
             state.cli_version = line.version
+        state.metadata_known = bool(
+            state.session_id and state.cwd and state.git_branch and state.cli_version
+        )
     if at is not None:
-        state.saw_time(at)
+        # state.saw_time, inline: it runs for nearly every line.
+        if state.started_at is None or at < state.started_at:
+            state.started_at = at
+        if state.ended_at is None or at > state.ended_at:
+            state.ended_at = at
     if chat:
         return
     if line_type == "summary" and line.summary is not None:
@@ -774,11 +805,18 @@ def _read_struct_assistant(
             c5, c1 = counted.cache_write_5m_tokens, counted.cache_write_1h_tokens
             if i > ci or o > co or r > cr or w5 > c5 or w1 > c1:
                 # The largest value per kind is the response's usage, counted once.
-                merged = TokenUsage(
-                    i if i > ci else ci, o if o > co else co, r if r > cr else cr,
-                    w5 if w5 > c5 else c5, w1 if w1 > c1 else c1,
-                )  # fmt: skip
-                state.budget.add(merged - counted)  # past the session's bound: skipped
+                mi, mo, mr = i if i > ci else ci, o if o > co else co, r if r > cr else cr
+                m5, m1 = w5 if w5 > c5 else c5, w1 if w1 > c1 else c1
+                # budget.add_counts, inline: past the session's bound, the line is skipped.
+                budget = state.budget
+                ti, to = budget.input_tokens + mi - ci, budget.output_tokens + mo - co
+                tr, t5 = budget.cache_read_tokens + mr - cr, budget.cache_write_5m_tokens + m5 - c5
+                t1 = budget.cache_write_1h_tokens + m1 - c1
+                if max(ti, to, tr, t5, t1) > MAX_THREAD_TOKENS:
+                    budget.add_counts(mi - ci, mo - co, mr - cr, m5 - c5, m1 - c1)  # raises
+                budget.input_tokens, budget.output_tokens, budget.cache_read_tokens = ti, to, tr
+                budget.cache_write_5m_tokens, budget.cache_write_1h_tokens = t5, t1
+                merged = TokenUsage(mi, mo, mr, m5, m1)
         if response is None:
             response = _Response(
                 turn_index=turn_index, model=model, first_at=at, last_at=at, asked_at=state.asked_at
@@ -909,7 +947,7 @@ def _struct_prompt_text(line: _Line, content: str | list[_Block] | None) -> str 
 def _read_metadata(state: _State, value: dict[str, Any]) -> None:
     # The first line that carries each field wins: later lines repeat it, and a
     # `cd` during the session should not move the thread's recorded cwd.
-    if state.session_id and state.cwd and state.git_branch and state.cli_version:
+    if state.metadata_known:
         return  # all known (from the first few lines on)
     for key, attr in (
         ("sessionId", "session_id"),
@@ -921,6 +959,9 @@ def _read_metadata(state: _State, value: dict[str, Any]) -> None:
             field_value = value.get(key)
             if isinstance(field_value, str) and field_value:
                 setattr(state, attr, field_value)
+    state.metadata_known = bool(
+        state.session_id and state.cwd and state.git_branch and state.cli_version
+    )
 
 
 def _read_user(state: _State, line_number: int, value: dict[str, Any], at: datetime) -> None:
@@ -1165,7 +1206,7 @@ def _read_subagents(
             sub_problems = sub_lines.problems
             for line_number, value in sub_lines:
                 if type(value) is _Line:
-                    _read_struct_line(state, sub_lines, line_number, value, main_file=False)
+                    _read_struct_line(state, sub_lines, line_number, value, False)
                 else:
                     _read_line(state, sub_lines, line_number, value, main_file=False)
         except TranscriptError as exc:
