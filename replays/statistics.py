@@ -49,12 +49,8 @@ def median(values: Iterable[N | None]) -> N | float | None:
     None when there are no values, or when any value is None: an unknown (a cost
     without a price) makes the median unknown, never a smaller number.
     """
-    known: list[N] = []
-    for value in values:
-        if value is None:
-            return None
-        known.append(value)
-    if not known:
+    known = list(values)
+    if not known or None in known:
         return None
     known.sort()
     middle = len(known) // 2
@@ -85,23 +81,17 @@ def _usd(micro: int) -> Decimal:
 def total_usd(values: Iterable[int | None]) -> Decimal | None:
     """The sum of amounts in millionths of a dollar, in dollars, exact; None when any is
     None (unknown, never counted as 0). 0 for none."""
-    known: list[int] = []
-    for value in values:
-        if value is None:
-            return None
-        known.append(value)
+    known = list(values)
+    if None in known:
+        return None
     return _usd(sum(known))
 
 
 def median_usd(values: Iterable[int | None]) -> Decimal | None:
     """The median of amounts in millionths of a dollar, in dollars, exact (the mean of the
     two middle ones for an even count); None for none, or when any is None (as median)."""
-    known: list[int] = []
-    for value in values:
-        if value is None:
-            return None
-        known.append(value)
-    if not known:
+    known = list(values)
+    if not known or None in known:
         return None
     known.sort()
     middle = len(known) // 2
