@@ -5,18 +5,23 @@ Plain Python (no database): runs with or without the Django plugin.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
+import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from replays.transcripts import (
     LineProblem,
     TokenUsage,
     TranscriptError,
+    claude_code,
     detect_kind,
     parse_claude_code,
     parse_transcript,
@@ -424,3 +429,182 @@ def test_copying_a_session_without_its_subagents_folder_still_parses(tmp_path: P
 
     assert thread.problems == []
     assert len(thread.turns) == 3
+
+
+# --- the fast path and the general path read every line the same way ----------------
+#
+# Most lines are decoded by msgspec into Structs of the fields the parser reads (the fast
+# path); any other line is read as its JSON value (the general path). Parsing a file with
+# the fast path switched off must give exactly the same thread, problems included.
+
+CLAUDE_FILES = sorted(
+    [REAL / s["path"] for s in real_sessions()]
+    + [p for p in EDGE.glob("claude_*.jsonl")]
+    + [EDGE / "claude_subagents" / f"{SUBAGENT_SESSION}.jsonl"]
+)
+
+
+def both_ways(path: Path) -> tuple[object, object]:
+    """The thread (as a dict) or the refusal, with the fast path and without it."""
+
+    def outcome() -> object:
+        try:
+            return dataclasses.asdict(parse_claude_code(path, max_bytes=MIB))
+        except TranscriptError as exc:
+            return f"refused: {exc}"
+
+    fast = outcome()
+    decoder = claude_code._LINE_DECODER
+    claude_code._LINE_DECODER = None
+    try:
+        general = outcome()
+    finally:
+        claude_code._LINE_DECODER = decoder
+    return fast, general
+
+
+@pytest.mark.parametrize("path", CLAUDE_FILES, ids=lambda p: p.name)
+def test_the_fast_path_reads_every_fixture_as_the_general_path_does(path: Path) -> None:
+    fast, general = both_ways(path)
+    assert fast == general
+
+
+def test_the_fast_path_reads_nearly_every_line_of_a_real_transcript() -> None:
+    path = REAL / real_sessions()[0]["path"]
+    lines = claude_code.JsonLines(path, max_bytes=MIB, decoder=claude_code._LINE_DECODER)
+    decoded = [type(value) is claude_code._Line for _, value in lines]
+    assert sum(decoded) >= 0.95 * len(decoded) > 0
+
+
+# Lines the fast path must leave to the general one, or read as it would: each is put
+# into a real transcript after its first prompt.
+HOSTILE_LINES = {
+    "NUL escaped in a prompt": b'{"type":"user","message":{"role":"user","content":"a\\u0000b"},'
+    b'"uuid":"h1","timestamp":"2026-01-02T03:00:00.000Z","sessionId":"s"}',
+    "lone surrogate in a prompt": b'{"type":"user","message":{"role":"user","content":"a\\ud83db"},'
+    b'"uuid":"h2","timestamp":"2026-01-02T03:00:00.000Z","sessionId":"s"}',
+    "bytes not UTF-8 in a skipped field": b'{"type":"system","skipped":"\xff\xfe",'
+    b'"timestamp":"2026-01-02T03:00:00.000Z"}',
+    "an integer json refuses in a skipped field": b'{"type":"system","skipped":'
+    + b"9" * 4301
+    + b',"timestamp":"2026-01-02T03:00:00.000Z"}',
+    "raw NUL in a skipped field": b'{"type":"system","skipped":"a\x00b"}',
+    "nested deeper than json reads": b'{"type":"system","x":' + b"[" * 1100 + b"]" * 1100 + b"}",
+    "a count that is a float": b'{"type":"assistant","message":{"id":"m1","model":"claude-x",'
+    b'"usage":{"input_tokens":5.0,"output_tokens":2}},"requestId":"r1",'
+    b'"timestamp":"2026-01-02T03:00:01.000Z"}',
+    "a count past the bound": b'{"type":"assistant","message":{"id":"m2","model":"claude-x",'
+    b'"usage":{"input_tokens":1000000000001}},"requestId":"r2",'
+    b'"timestamp":"2026-01-02T03:00:01.000Z"}',
+    "a timestamp out of range": b'{"type":"user","message":{"role":"user","content":"x"},'
+    b'"uuid":"h3","timestamp":"1969-12-31T23:59:59.000Z"}',
+    "a timestamp with an offset": b'{"type":"user","message":{"role":"user","content":"x"},'
+    b'"uuid":"h4","timestamp":"2026-01-02T05:00:00+02:00"}',
+    "a null timestamp": b'{"type":"user","message":{"role":"user","content":"x"},"timestamp":null}',
+    "a null AI title beside a title": b'{"type":"ai-title","aiTitle":null,"title":"T","sessionId":"s"}',
+    "a key spelt with an escape": b'{"typ\\u0065":"custom-title","customTitle":"Escaped"}',
+    "a repeated key": b'{"type":"custom-title","customTitle":"First","customTitle":"Second"}',
+    "a block that is not an object": b'{"type":"user","message":{"role":"user","content":'
+    b'[{"type":"text","text":"a"},7]},"timestamp":"2026-01-02T03:00:00.000Z"}',
+    "a tool input that is not an object": b'{"type":"assistant","message":{"id":"m3",'
+    b'"model":"claude-x","content":[{"type":"tool_use","id":"t1","name":"Read","input":[1]}]},'
+    b'"timestamp":"2026-01-02T03:00:01.000Z"}',
+    "a line cut short": b'{"type":"user","message":{"role":"user","content":"cut',
+}
+
+
+@pytest.mark.parametrize("name", HOSTILE_LINES)
+def test_the_fast_path_reads_a_hostile_line_as_the_general_path_does(
+    name: str, tmp_path: Path
+) -> None:
+    source = REAL / real_sessions()[0]["path"]
+    lines = source.read_bytes().splitlines(keepends=True)
+    first_prompt = next(
+        n
+        for n, line in enumerate(lines)
+        if b'"type":"user"' in line and b"toolUseResult" not in line
+    )
+    lines.insert(first_prompt + 1, HOSTILE_LINES[name] + b"\n")
+    path = tmp_path / source.name
+    path.write_bytes(b"".join(lines))
+
+    fast, general = both_ways(path)
+
+    assert fast == general
+    assert isinstance(fast, dict)
+    text = json.dumps(fast, default=str)
+    assert "\\u0000" not in text and "\\ud83d" not in text  # cleaned, as before
+
+
+def test_bad_lines_the_fast_path_cannot_judge_are_still_reported(tmp_path: Path) -> None:
+    source = REAL / real_sessions()[0]["path"]
+    lines = source.read_bytes().splitlines(keepends=True)
+    for name in (
+        "bytes not UTF-8 in a skipped field",
+        "an integer json refuses in a skipped field",
+        "raw NUL in a skipped field",
+        "nested deeper than json reads",
+    ):
+        lines.insert(2, HOSTILE_LINES[name] + b"\n")
+    path = tmp_path / source.name
+    path.write_bytes(b"".join(lines))
+
+    thread = parse_claude_code(path, max_bytes=MIB)
+
+    assert [(p.line_number, p.message) for p in thread.problems] == [
+        (3, "invalid JSON: nested too deeply"),
+        (4, "line is not UTF-8 text"),
+        (5, "invalid JSON: a number too long to read"),
+        (6, "line is not UTF-8 text"),
+    ]
+
+
+@st.composite
+def mutated_transcript(draw: st.DrawFn) -> bytes:
+    """A real transcript with a few values replaced by odd ones, lines inserted or cut."""
+    source = draw(st.sampled_from([REAL / s["path"] for s in real_sessions()]))
+    lines = source.read_bytes().splitlines(keepends=True)
+    odd = st.one_of(
+        st.sampled_from(
+            [None, True, 0, -1, 1.5, 10**12 + 1, 2**64, "", "x", "\x00", "\ud83d", [], {}]
+        ),
+        st.text(max_size=8),
+        st.integers(),
+    )
+    for _ in range(draw(st.integers(min_value=1, max_value=4))):
+        where = draw(st.integers(min_value=0, max_value=len(lines) - 1))
+        operation = draw(st.sampled_from(["replace", "replace", "insert", "cut"]))
+        if operation == "insert":
+            lines.insert(where, draw(st.sampled_from(list(HOSTILE_LINES.values()))) + b"\n")
+            continue
+        if operation == "cut":
+            lines[where] = lines[where][: draw(st.integers(0, len(lines[where])))] + b"\n"
+            continue
+        try:
+            value = json.loads(lines[where])
+        except ValueError:
+            continue
+        slots = []
+        pending = [value]
+        while pending:
+            container = pending.pop()
+            keys = container.keys() if isinstance(container, dict) else range(len(container))
+            for key in keys:
+                slots.append((container, key))
+                if isinstance(container[key], (dict, list)):
+                    pending.append(container[key])
+        if slots:
+            container, key = draw(st.sampled_from(slots))
+            container[key] = draw(odd)
+            lines[where] = json.dumps(value, separators=(",", ":")).encode() + b"\n"
+    return b"".join(lines)
+
+
+@settings(max_examples=150, deadline=None, derandomize=True, database=None)
+@given(content=mutated_transcript())
+def test_the_fast_path_reads_mutated_transcripts_as_the_general_path_does(content: bytes) -> None:
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "session.jsonl"
+        path.write_bytes(content)
+        fast, general = both_ways(path)
+    assert fast == general
