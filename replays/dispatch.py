@@ -40,6 +40,8 @@ from replays.models import (
     LaunchErrorCode,
     Report,
     ReportStatus,
+    Review,
+    ReviewStatus,
     Run,
     RunPhase,
     RunStatus,
@@ -407,6 +409,24 @@ def _reconcile_judgment(judgment: Report, now: datetime, report: ReconcileReport
     if lost:
         report.judgments_lost += 1
         report.lines.append(f"report {judgment.pk} of run {judgment.run_id}: lost ({reason})")
+        if judgment.host == host:
+            _stop_evaluators_of(judgment)
+
+
+def _stop_evaluators_of(judgment: Report) -> None:
+    """A lost judgment's evaluators (its verdicts', and its process's review's, when that
+    process is the one that died): each runs in a process group of its own calling a paid
+    model, and the process that waited for it is gone, so nobody else would stop it."""
+    runfolder.stop_evaluators(runfolder.judgment_folder(judgment.pk))
+    if judgment.pid is None or judgment.pid_create_time is None:
+        return
+    if processes.is_alive(judgment.pid, judgment.pid_create_time):
+        return  # alive but silent: its review is its own to finish or lose
+    holder = f"{judgment.host}:{processes.ProcessIdentity(judgment.pid, judgment.pid_create_time)}"
+    for review_id in Review.objects.filter(
+        claimed_by=holder, status=ReviewStatus.PENDING
+    ).values_list("pk", flat=True):
+        runfolder.stop_evaluators(runfolder.review_folder(review_id))
 
 
 def _reconcile_launching(run: Run, now: datetime, report: ReconcileReport) -> None:

@@ -235,6 +235,33 @@ def _tree(pid: int, create_time: float | None) -> list[psutil.Process]:
         return []
 
 
+def record_started(path: Path, identity: ProcessIdentity) -> None:
+    """Append a started process's identity to `path` (see `kill_recorded`)."""
+    with path.open("a", encoding="ascii") as out:
+        out.write(f"{identity.pid} {identity.create_time!r}\n")
+
+
+def kill_recorded(path: Path, *, grace_seconds: float = 3.0) -> int:
+    """Stop the trees of the processes recorded in `path` (record_started) that still run;
+    how many there were. A pid reused since by another process is left alone: the create
+    time must match. Only meaningful on the machine that recorded them."""
+    try:
+        lines = path.read_text(encoding="ascii").split("\n")
+    except (FileNotFoundError, UnicodeDecodeError):
+        return 0
+    stopped = 0
+    for line in lines:
+        pid, _, create_time = line.partition(" ")
+        try:
+            identity = ProcessIdentity(int(pid), float(create_time))
+        except ValueError:
+            continue  # a line cut by a crash while it was written
+        if is_alive(identity.pid, identity.create_time):
+            kill_tree(identity.pid, identity.create_time, grace_seconds=grace_seconds)
+            stopped += 1
+    return stopped
+
+
 def kill_tree(pid: int | None, create_time: float | None, *, grace_seconds: float = 3.0) -> None:
     """Stop a process, its process group and all its descendants: terminate, wait, then kill.
 

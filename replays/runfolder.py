@@ -34,6 +34,9 @@ COORDINATOR_LOG = "coordinator.log"
 WORKSPACE = "workspace"
 FULL_DIFF_FILE = "workspace.diff"
 CHECKS_DIR = "checks"
+# In a judgment's or review's folder: the evaluator processes started for it, one
+# "pid create_time" per line, so whoever finds their parent gone can stop them.
+EVALUATOR_PIDS = "evaluators.pids"
 
 
 def run_root() -> Path:
@@ -72,6 +75,14 @@ def review_folder(review_id: int) -> Path:
 
 def judgment_folder(report_id: int) -> Path:
     return run_root() / "judgments" / f"report-{report_id}"
+
+
+def stop_evaluators(folder: Path) -> int:
+    """Stop the evaluator processes recorded under `folder` (EVALUATOR_PIDS files, written
+    on this host) that still run; how many."""
+    if not folder.is_dir():
+        return 0
+    return sum(processes.kill_recorded(path) for path in sorted(folder.rglob(EVALUATOR_PIDS)))
 
 
 def agent_environment(extra: dict[str, str], *, run_id: int | None = None) -> dict[str, str]:

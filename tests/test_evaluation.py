@@ -9,6 +9,7 @@ the real codex and claude binaries as evaluators are in tests/test_evaluators_re
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -449,6 +450,37 @@ def test_a_judgment_whose_process_died_is_lost_and_can_be_asked_for_again(lab: E
     again = lab.command("judge", "--run", str(run.pk))
     out, _ = again.communicate(timeout=60)
     assert again.returncode == 0, out
+
+
+def test_a_lost_judgment_leaves_no_evaluator_calling_its_model(lab: Eval, settings: Any) -> None:
+    """An evaluator runs in a process group of its own (a cancel or timeout stops it as a
+    whole), so it outlives a judging process killed with SIGKILL. Reconcile stops it,
+    whether it was giving a verdict or deriving the review's checks."""
+    batch = lab.approve(["empty"], evaluator="judge:fair")
+    [run] = finish_batch(batch)
+    assert Review.objects.filter(evaluator="judge:fair", status=ReviewStatus.READY).exists()
+    settings.REPLAYS_AGENTS["judge"]["env"].update(JUDGE_MODE="slow", JUDGE_SLEEP="300")
+    (lab.root / "agents.json").write_text(json.dumps(settings.REPLAYS_AGENTS))
+
+    for stage in ("verdict", "checks"):
+        if stage == "checks":
+            Review.objects.filter(evaluator="judge:fair").delete()  # derived again, slowly
+        lab.judge_calls.unlink()
+        judging = lab.command("judge", "--run", str(run.pk), "--evaluator", "judge:fair", "--yes")
+
+        def evaluator_pid() -> int:
+            lines = lab.judge_calls.read_text().split() if lab.judge_calls.exists() else []
+            return int(lines[1]) if lines else 0
+
+        pid = wait_until(evaluator_pid, seconds=60, what=f"the {stage} evaluator to start")
+        assert lab.judge_calls.read_text().startswith(stage)
+        holder = Report.objects.get(run=run, status=ReportStatus.JUDGING).pid
+        os.kill(holder, signal.SIGKILL)
+        judging.communicate(timeout=10)
+        assert psutil.pid_exists(pid) and not gone(pid)  # its own group: it lives on
+
+        assert dispatch.reconcile_runs().judgments_lost == 1
+        wait_until(functools.partial(gone, pid), seconds=10, what=f"the {stage} evaluator to stop")
 
 
 # --- the coordinator while reviewing ---------------------------------------------------------------

@@ -182,13 +182,16 @@ def _is_stale(review: Review) -> bool:
 
 
 def _take_over(review: Review, me: str) -> bool:
-    """Compare-and-set on the claim as we saw it: one process wins a takeover."""
+    """Compare-and-set on the claim as we saw it: one process wins a takeover. The earlier
+    claimer's evaluators, when they ran on this host, are stopped: nobody waits for them."""
     taken = Review.objects.filter(
         pk=review.pk,
         status=review.status,
         claimed_by=review.claimed_by,
         heartbeat_at=review.heartbeat_at,
     ).update(status=ReviewStatus.PENDING, claimed_by=me, heartbeat_at=timezone.now(), error="")
+    if taken == 1 and review.claimed_by.rpartition(":")[0] == settings.REPLAYS_HOST_NAME:
+        runfolder.stop_evaluators(runfolder.review_folder(review.pk))
     return taken == 1
 
 
