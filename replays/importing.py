@@ -23,10 +23,12 @@ import re
 import shutil
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
+from datetime import datetime
 from decimal import Decimal
+from functools import partial
 from pathlib import Path
 from typing import IO, Any, Literal
 
@@ -204,7 +206,8 @@ def prepare_file(
         prepared.error = f"{path}: cannot read ({exc.strerror})."
         return prepared
     table = price_table()
-    values = [_turn_values(turn, table) for turn in parsed.turns]
+    prices: dict[str, pricing.ModelPrice | None] = {}
+    values = [_turn_values(turn, table, prices) for turn in parsed.turns]
     prepared.totals = _totals(values)
     prepared.turn_rows = _turn_rows(values)
     parsed.turns = []  # not sent twice from the worker
@@ -411,18 +414,20 @@ def write_prepared(
     )
 
 
-def _store_copy(thread: Thread, prepared: PreparedFile) -> None:
-    """Keep the file's compressed bytes as the thread's transcript (replacing any older copy)."""
-    Transcript.objects.update_or_create(
-        thread=thread,
-        defaults={
-            "codec": prepared.codec,
-            "data": prepared.compressed,
-            "size": prepared.size,
-            "sha256": prepared.sha256,
-            "stored_at": timezone.now(),
-        },
-    )
+def _store_copy(thread: Thread, prepared: PreparedFile, *, new: bool = False) -> None:
+    """Keep the file's compressed bytes as the thread's transcript (replacing any older copy;
+    a `new` thread has none, so the row is only inserted)."""
+    values = {
+        "codec": prepared.codec,
+        "data": prepared.compressed,
+        "size": prepared.size,
+        "sha256": prepared.sha256,
+        "stored_at": timezone.now(),
+    }
+    if new:
+        Transcript.objects.create(thread=thread, **values)
+    else:
+        Transcript.objects.update_or_create(thread=thread, defaults=values)
 
 
 class TranscriptUnavailable(Exception):
@@ -614,7 +619,7 @@ def _save_thread(
             thread.turns.all().delete()
             outcome = "updated"
         _insert_turns(thread, prepared.turn_rows)
-        _store_copy(thread, prepared)
+        _store_copy(thread, prepared, new=outcome == "new")
     return thread, outcome
 
 
@@ -627,7 +632,9 @@ TURN_COLUMNS = (
 JSON_COLUMNS = frozenset({"models_used", "usage_by_model", "evidence"})
 
 
-def _turn_values(turn: ParsedTurn, table: pricing.PriceTable) -> dict[str, Any]:
+def _turn_values(
+    turn: ParsedTurn, table: pricing.PriceTable, prices: dict[str, pricing.ModelPrice | None]
+) -> dict[str, Any]:
     usage = turn.usage
     return {
         "index": turn.index,
@@ -641,7 +648,7 @@ def _turn_values(turn: ParsedTurn, table: pricing.PriceTable) -> dict[str, Any]:
         "cache_read_tokens": usage.cache_read_tokens,
         "cache_write_5m_tokens": usage.cache_write_5m_tokens,
         "cache_write_1h_tokens": usage.cache_write_1h_tokens,
-        "cost_usd": _turn_cost(turn.usage_by_model, table),
+        "cost_usd": _turn_cost(turn.usage_by_model, table, prices),
         "seconds": turn.seconds,
         "model_seconds": turn.model_seconds,
         "last_answer_at": turn.last_answer_at,
@@ -663,26 +670,38 @@ def _turn_rows(values: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
     decimals converted by their fields for this database (no connection needed), so that
     the workers, not the one writer, do that work."""
     connection = connections[router.db_for_write(Turn)]
-    fields = [Turn._meta.get_field(column) for column in TURN_COLUMNS]
-    rows = []
-    for row in values:
-        converted = []
-        for f in fields:
-            value = row[f.name]
-            if f.name in JSON_COLUMNS:
-                value = _json_text(value)
-            elif f.name in _CONVERTED_COLUMNS:
-                value = f.get_db_prep_save(value, connection)
-            converted.append(value)
-        rows.append(tuple(converted))
-    return rows
+    converters: list[tuple[str, Callable[[Any], Any] | None]] = []
+    for column in TURN_COLUMNS:
+        f = Turn._meta.get_field(column)
+        kind = f.get_internal_type()
+        if column in JSON_COLUMNS:
+            converters.append((column, _json_text))
+        elif kind == "DateTimeField":
+            converters.append((column, _datetime_converter(f, connection)))
+        elif kind == "DecimalField":
+            converters.append((column, partial(f.get_db_prep_save, connection=connection)))
+        else:
+            converters.append((column, None))
+    return [
+        tuple(
+            row[column] if convert is None else convert(row[column])
+            for column, convert in converters
+        )
+        for row in values
+    ]
 
 
-_CONVERTED_COLUMNS = frozenset(
-    f.name
-    for f in Turn._meta.concrete_fields
-    if f.get_internal_type() in ("DateTimeField", "DecimalField")
-)
+def _datetime_converter(f: Any, connection: Any) -> Callable[[Any], Any]:
+    """f.get_db_prep_save for a DateTimeField, in one step for an aware datetime (the
+    field's own steps only check that it is one, then hand it to the backend)."""
+    adapt = connection.ops.adapt_datetimefield_value
+
+    def convert(value: Any) -> Any:
+        if type(value) is datetime and value.utcoffset() is not None:
+            return adapt(value)
+        return f.get_db_prep_save(value, connection)
+
+    return convert
 
 
 def _insert_turns(thread: Thread, rows: list[tuple[Any, ...]]) -> None:
@@ -733,12 +752,30 @@ def _as_is(text: str) -> str:
     return text
 
 
-def _turn_cost(usage_by_model: dict[str, TokenUsage], table: pricing.PriceTable) -> Decimal | None:
+def _turn_cost(
+    usage_by_model: dict[str, TokenUsage],
+    table: pricing.PriceTable,
+    prices: dict[str, pricing.ModelPrice | None] | None = None,
+) -> Decimal | None:
+    """pricing.turn_cost_usd, with each model's price looked up once per file (`prices`
+    keeps them: a lookup tries several spellings of the name)."""
     # Always from the price table (not an old transcript's own costUSD), so that
     # update_prices can re-price every turn the same way.
     if not any(usage.total for usage in usage_by_model.values()):
         return Decimal(0)
-    return pricing.turn_cost_usd(usage_by_model, table)
+    if prices is None:
+        return pricing.turn_cost_usd(usage_by_model, table)
+    total = Decimal(0)
+    for model, usage in usage_by_model.items():
+        if usage.total == 0:
+            continue
+        if model not in prices:
+            prices[model] = table.lookup(model)
+        price = prices[model]
+        if price is None:
+            return None  # one unknown model makes the turn's cost unknown
+        total += price.cost_usd(usage)
+    return total
 
 
 def _totals(turns: list[dict[str, Any]]) -> dict[str, object]:
