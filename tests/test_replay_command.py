@@ -148,6 +148,10 @@ def test_replay_json_reports_the_batch(replay_env, real_threads, sample_repo) ->
     assert [run["status"] for run in body["runs"]] == ["completed"]
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_while_waiting_detaches_without_cancelling(
     replay_env, real_threads, sample_repo, tmp_path
 ) -> None:
@@ -193,6 +197,9 @@ def test_ctrl_c_while_waiting_detaches_without_cancelling(
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         stdin=subprocess.DEVNULL,
+        # Ctrl-C as at a terminal: a job a script starts in the background (CI runs the
+        # PostgreSQL pass so) inherits SIGINT ignored, and Python keeps an ignored SIGINT.
+        preexec_fn=_default_sigint,
     )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not Run.objects.filter(status=RunStatus.RUNNING).exists():
