@@ -1,14 +1,27 @@
 """A run as its card shows it, and a batch's results in brief: shared by the batch page,
-its live partial and the run page, so all of them say the same thing."""
+its live partial and the run page, so all of them say the same thing.
+
+The batch page draws up to a hundred cards, and Django's template language costs a few
+microseconds per variable lookup, filter and `{% url %}`: so each card's URLs, dates,
+figures and classes are worked out here once, in plain Python, and the card template
+only prints them.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
-from typing import Any
+from functools import cached_property
+from typing import Any, NamedTuple
 
 from django.db.models import Count
+from django.urls import reverse
+from django.utils.dates import MONTHS_3
+from django.utils.safestring import SafeString
+from django.utils.text import Truncator
+from django.utils.timezone import localtime
 
 from replays import formatting
 from replays.models import (
@@ -20,6 +33,7 @@ from replays.models import (
     RunStatus,
     Winner,
 )
+from replays.templatetags.replays_format import usd as usd_html
 
 HISTORICAL = "historical"
 REPLAY = "replay"
@@ -35,6 +49,17 @@ class Comparison:
     replay: Any
     kind: str  # "score", "usd" or "seconds": how the values are written
     better: str | None  # HISTORICAL, REPLAY, or None when equal or unknown
+    # Written once here rather than per cell in the template:
+    historical_text: str = field(init=False)
+    replay_text: str = field(init=False)
+    historical_class: str = field(init=False)  # "better", "worse" or ""
+    replay_class: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.historical_text = self.text(HISTORICAL)
+        self.replay_text = self.text(REPLAY)
+        marks = {None: ("", ""), HISTORICAL: ("better", "worse"), REPLAY: ("worse", "better")}
+        self.historical_class, self.replay_class = marks[self.better]
 
     def text(self, side: str) -> str:
         value = self.historical if side == HISTORICAL else self.replay
@@ -43,14 +68,6 @@ class Comparison:
         if self.kind == "usd":
             return formatting.usd(value)
         return formatting.duration(value)
-
-    @property
-    def historical_text(self) -> str:
-        return self.text(HISTORICAL)
-
-    @property
-    def replay_text(self) -> str:
-        return self.text(REPLAY)
 
     @property
     def better_words(self) -> str:
@@ -71,14 +88,166 @@ def _decimal(value: Any) -> Decimal | None:
     return None if value is None else Decimal(str(value))
 
 
+def _url_of(name: str) -> Callable[[int], str]:
+    """The URL `name` for any run's pk, reversed once: reverse() per card and link cost
+    more than the rest of a card. The pk is the route's only argument (`<int:pk>`)."""
+    marker = 987654321987654321
+    head, found, tail = reverse(name, args=[marker]).partition(str(marker))
+    if not found:
+        raise ValueError(f"{name}: the run's pk is not in its URL")
+    return lambda pk: f"{head}{pk}{tail}"
+
+
+@dataclass(frozen=True)
+class RunUrls:
+    """The links of a run's card, made once per page (reverse() is called per request, so
+    a script prefix is honoured)."""
+
+    detail: Callable[[int], str]
+    compare: Callable[[int], str]
+    cancel: Callable[[int], str]
+
+    @classmethod
+    def make(cls) -> RunUrls:
+        return cls(
+            detail=_url_of("replays:run-detail"),
+            compare=_url_of("replays:run-compare"),
+            cancel=_url_of("replays:run-cancel"),
+        )
+
+
+class EndTimes(NamedTuple):
+    """A run's end as the card writes it (named: `{{ end.0 }}` would first be tried as a
+    key and an attribute, the slowest lookup in the template language)."""
+
+    iso: str  # datetime="…"
+    full: str  # the tooltip, UTC
+    short: str  # the text
+
+
+def end_times(value: datetime) -> EndTimes:
+    """What `|date:"c"`, `|date:"Y-m-d H:i:s"` and `|date:"M j, H:i:s"` print, in the
+    current time zone, written as django.utils.dateformat writes those letters ("c" is
+    isoformat(), "M" the translated month's three letters, title-cased): the filter's
+    format parsing costs more than the card's other figures together."""
+    local = localtime(value)
+    clock = f"{local.hour:02d}:{local.minute:02d}:{local.second:02d}"
+    return EndTimes(
+        iso=local.isoformat(),
+        full=f"{local.year:04d}-{local.month:02d}-{local.day:02d} {clock}",
+        short=f"{MONTHS_3[local.month].title()} {local.day}, {clock}",
+    )
+
+
 @dataclass
 class RunCard:
-    """One run as its card shows it."""
+    """One run as its card shows it: the run's figures as the card prints them, each
+    worked out once (see the module's docstring)."""
 
     run: Run
     label: str
     launch_error: LaunchError | None
     now: datetime
+    urls: RunUrls = field(default_factory=RunUrls.make)
+
+    # --- what the card prints ------------------------------------------------------------
+
+    @cached_property
+    def detail_url(self) -> str:
+        return self.urls.detail(self.run.pk)
+
+    @property
+    def compare_url(self) -> str:
+        """The comparison, once the run completed ("" before)."""
+        run = self.run
+        return self.urls.compare(run.pk) if run.status == RunStatus.COMPLETED else ""
+
+    @property
+    def cancel_url(self) -> str:
+        return self.urls.cancel(self.run.pk)
+
+    @property
+    def status_label(self) -> str:
+        return self.run.get_status_display()
+
+    @property
+    def is_queued(self) -> bool:
+        return self.run.status == RunStatus.QUEUED
+
+    @property
+    def is_live(self) -> bool:
+        """Its status badge has the pulsing dot: running or launching."""
+        return self.run.status in (RunStatus.RUNNING, RunStatus.LAUNCHING)
+
+    @cached_property
+    def end_times(self) -> EndTimes | None:
+        """When the run ended, None before it."""
+        finished = self.run.finished_at
+        return None if finished is None else end_times(finished)
+
+    @property
+    def elapsed_text(self) -> str:
+        return formatting.duration(self.elapsed)
+
+    @property
+    def files_text(self) -> str:
+        """The count once there is one to tell (0 after a run that started), else a dash."""
+        run = self.run
+        if run.is_finished and run.started_at or run.files_changed:
+            return str(run.files_changed)
+        return formatting.DASH
+
+    @property
+    def tokens_title(self) -> str:
+        return f"{formatting.tokens(self.run.total_tokens)} tokens"
+
+    @property
+    def tokens_text(self) -> str:
+        run = self.run
+        total = run.total_tokens
+        if total or run.is_finished and run.started_at:
+            return formatting.tokens_short(total)
+        return formatting.DASH
+
+    @property
+    def cost_text(self) -> str | SafeString:
+        """The cost, "unknown price" (marked up) for an ended run without a price, a dash
+        while it is not computed yet."""
+        cost = self.run.cost_usd
+        if cost is not None or self.cost_is_unknown:
+            return usd_html(cost)
+        return formatting.DASH
+
+    @property
+    def not_judged_reason(self) -> str:
+        report = self.report
+        return Truncator(report.reason).chars(400) if report is not None else ""
+
+    @property
+    def judging(self) -> bool:
+        """Being judged against history: no report yet, the review under way."""
+        return self.run.phase == "reviewing"
+
+    @property
+    def launch_error_title(self) -> str:
+        error = self.launch_error
+        if error is None:
+            return ""
+        where = f" on {error.host}" if error.host else ""
+        return f"Launch failed: {error.get_code_display().lower()}{where}"
+
+    @property
+    def launch_error_text(self) -> str:
+        error = self.launch_error
+        return Truncator(error.message).chars(600) if error is not None else ""
+
+    @property
+    def failure_title(self) -> str:
+        return self.run.get_failure_code_display()
+
+    @property
+    def failure_text(self) -> str:
+        return Truncator(self.run.failure_message).chars(600)
 
     @property
     def is_active(self) -> bool:
@@ -121,9 +290,20 @@ class RunCard:
 
     # --- the judgment ----------------------------------------------------------------------
 
-    @property
+    @cached_property
     def report(self) -> Report | None:
         return self.run.current_report
+
+    @property
+    def winner(self) -> str:
+        report = self.report
+        return "" if report is None or report.winner is None else report.winner
+
+    @property
+    def tests_override(self) -> bool:
+        """The replay broke a test that passed historically, so it cannot win."""
+        report = self.report
+        return report is not None and bool((report.data or {}).get("tests_override"))
 
     @property
     def judged(self) -> bool:
@@ -140,7 +320,7 @@ class RunCard:
     def inconsistent(self) -> bool:
         return self.judged and self.report.consistent is False  # type: ignore[union-attr]
 
-    @property
+    @cached_property
     def comparisons(self) -> list[Comparison]:
         """Score, cost and time of history against the replay (empty before a report)."""
         report = self.report
@@ -174,7 +354,7 @@ class RunCard:
             ),
         ]
 
-    @property
+    @cached_property
     def tests(self) -> dict[str, Any] | None:
         """{kept, broken, usable, reason} of the reference tests, None without tests."""
         report = self.report
@@ -192,12 +372,14 @@ class RunCard:
 
 
 def run_cards(runs: list[Run], labels: dict[str, str], now: datetime) -> list[RunCard]:
+    urls = RunUrls.make()
     return [
         RunCard(
             run=run,
             label=labels.get(run.model, run.model),
             launch_error=next(iter(run.launch_errors.all()), None),
             now=now,
+            urls=urls,
         )
         for run in runs
     ]
