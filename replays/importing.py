@@ -694,7 +694,12 @@ def _turn_rows(values: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
 def _datetime_converter(f: Any, connection: Any) -> Callable[[Any], Any]:
     """f.get_db_prep_save for a DateTimeField, in one step for an aware datetime (the
     field's own steps only check that it is one, then hand it to the backend)."""
-    adapt = connection.ops.adapt_datetimefield_value
+    adapt: Callable[[datetime], Any] = connection.ops.adapt_datetimefield_value
+    if connection.vendor == "sqlite" and settings.USE_TZ:
+        # SQLite's adapt_datetimefield_value: the time in the connection's zone, naive, as
+        # text (its steps for expressions and naive values do not apply here).
+        zone = connection.timezone
+        adapt = lambda value: str(value.astimezone(zone).replace(tzinfo=None))  # noqa: E731
 
     def convert(value: Any) -> Any:
         if type(value) is datetime and value.utcoffset() is not None:
