@@ -54,12 +54,16 @@ class Comparison:
     replay_text: str = field(init=False)
     historical_class: str = field(init=False)  # "better", "worse" or ""
     replay_class: str = field(init=False)
+    historical_better: bool = field(init=False)
+    replay_better: bool = field(init=False)
 
     def __post_init__(self) -> None:
         self.historical_text = self.text(HISTORICAL)
         self.replay_text = self.text(REPLAY)
         marks = {None: ("", ""), HISTORICAL: ("better", "worse"), REPLAY: ("worse", "better")}
         self.historical_class, self.replay_class = marks[self.better]
+        self.historical_better = self.better == HISTORICAL
+        self.replay_better = self.better == REPLAY
 
     def text(self, side: str) -> str:
         value = self.historical if side == HISTORICAL else self.replay

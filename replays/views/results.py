@@ -38,6 +38,9 @@ from replays.views.common import model_labels, safe_next
 BATCHES_PER_PAGE = 25
 # The diff on the run page is for reading; the raw diff link has all of it.
 MAX_DIFF_LINES = 5000
+# Run columns the batch page's cards never read (deferred there; reading one would ask a
+# query per run, which tests/test_query_counts.py would catch).
+CARD_UNUSED_RUN_FIELDS = ("configuration", "diff", "log_tail", "turns", "tree_tests")
 # How often a page with active runs asks for its live part again.
 POLL_SECONDS = 2
 
@@ -132,9 +135,11 @@ def batch_list(request: HttpRequest) -> HttpResponse:
 @login_required
 def batch_detail(request: HttpRequest, pk: int) -> HttpResponse:
     batch = get_object_or_404(Batch.objects.visible_to(request.user).select_related("plan"), pk=pk)
-    # A batch is shown whole, however old its runs are: no window here.
+    # A batch is shown whole, however old its runs are: no window here. The cards never
+    # show a run's diff, log, turns or configuration, which can be megabytes per run.
     runs = list(
         batch.runs.select_related("thread")
+        .defer(*CARD_UNUSED_RUN_FIELDS)
         .with_current_report()
         .prefetch_related(Prefetch("launch_errors", queryset=LaunchError.objects.order_by("id")))
     )
