@@ -29,6 +29,7 @@ from replays.models import (
     LaunchError,
     Report,
     Run,
+    RunPhase,
     RunQuerySet,
     RunStatus,
     Winner,
@@ -230,7 +231,7 @@ class RunCard:
     @property
     def judging(self) -> bool:
         """Being judged against history: no report yet, the review under way."""
-        return self.run.phase == "reviewing"
+        return self.run.phase == RunPhase.REVIEWING
 
     @property
     def launch_error_title(self) -> str:
