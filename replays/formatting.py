@@ -8,6 +8,9 @@ from __future__ import annotations
 import re
 from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
+
 DASH = "—"
 UNKNOWN_PRICE = "unknown price"
 UNKNOWN_PRICE_TOOLTIP = (
@@ -37,6 +40,16 @@ def usd(value: object) -> str:
     rounded = amount.quantize(places, rounding=ROUND_HALF_UP)
     sign = "-" if rounded < 0 else ""
     return f"{sign}${abs(rounded):,}"
+
+
+def usd_html(value: object) -> str | SafeString:
+    """`usd` for a page: an unknown price says why in a tooltip."""
+    text = usd(value)
+    if text == UNKNOWN_PRICE:
+        return format_html(
+            '<span class="unknown-price" title="{}">{}</span>', UNKNOWN_PRICE_TOOLTIP, text
+        )
+    return text
 
 
 def duration(value: object) -> str:

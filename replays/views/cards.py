@@ -34,7 +34,6 @@ from replays.models import (
     RunStatus,
     Winner,
 )
-from replays.templatetags.replays_format import usd as usd_html
 
 HISTORICAL = "historical"
 REPLAY = "replay"
@@ -221,7 +220,7 @@ class RunCard:
         while it is not computed yet."""
         cost = self.run.cost_usd
         if cost is not None or self.cost_is_unknown:
-            return usd_html(cost)
+            return formatting.usd_html(cost)
         return formatting.DASH
 
     @property
