@@ -41,7 +41,7 @@ from django.db import (
 )
 from django.utils import timezone
 
-from replays import access, agents, context, pricing, processes, repos, runfolder
+from replays import access, agents, context, pricing, processes, repos, runfolder, runlogs
 from replays.agents.base import (
     Agent,
     AgentOutcome,
@@ -666,6 +666,7 @@ class _Member:
                 "Run %s was finished elsewhere; its result was not written.", self.run.pk
             )
         else:
+            runlogs.store_log(self.run.pk, self.log_path)
             logger.info(
                 "Run %s ended: %s %s", self.run.pk, result.status, result.failure_code or ""
             )

@@ -31,7 +31,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 from django_q.signals import post_spawn
 
-from replays import processes, repos, runfolder
+from replays import processes, repos, runfolder, runlogs
 from replays.agents.base import read_tail
 from replays.models import (
     Batch,
@@ -509,9 +509,11 @@ def _reconcile_running(run: Run, now: datetime, report: ReconcileReport) -> None
     processes.kill_tree(run.agent_pid, run.agent_pid_create_time)
     processes.kill_tree(run.pid, run.pid_create_time)
     kept: dict[str, Any] = {}
-    tail = read_tail((Path(run.run_dir) if run.run_dir else run_folder(run.pk)) / AGENT_LOG)
+    agent_log = (Path(run.run_dir) if run.run_dir else run_folder(run.pk)) / AGENT_LOG
+    tail = read_tail(agent_log)
     if tail:
         kept["log_tail"] = tail
+    runlogs.store_log(run.pk, agent_log)
     kept.update(_collect_partial_work(run))
     if kept:
         Run.objects.filter(

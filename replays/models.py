@@ -767,6 +767,33 @@ class Transcript(models.Model):
         return f"Transcript of thread {self.thread_id} ({self.size:,} bytes)"
 
 
+class RunLog(models.Model):
+    """A run's whole agent log as it ended, compressed, in the database: the run folder on
+    the worker machine is a cache, and a page served from another machine (or after the
+    folder is gone) reads the log here. Kept apart from Run so that lists never load it.
+    A log longer than REPLAYS_MAX_LOG_BYTES keeps its end (`cut` says how much went)."""
+
+    run = models.OneToOneField(Run, on_delete=models.CASCADE, related_name="full_log")
+    # How `data` is compressed, as for Transcript (replays.transcripts.store).
+    codec = models.CharField(max_length=20)
+    data = models.BinaryField()
+    # The log file's size when it was stored, and the bytes left out from its start.
+    size = models.BigIntegerField()
+    cut = models.BigIntegerField(default=0)
+    stored_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(size__gte=0) & Q(cut__gte=0) & Q(cut__lte=F("size")),
+                name="runlog_sizes_valid",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"Log of run {self.run_id} ({self.size:,} bytes)"
+
+
 class Host(models.Model):
     """One machine's django-q2 cluster (REPLAYS_HOST_NAME), as it last reported itself:
     the doctor and the pages read these. Written by the cluster at start and on its own

@@ -16,6 +16,7 @@ urlpatterns = [
     path("batches/<int:pk>/cancel/", views.batch_cancel, name="batch-cancel"),
     path("runs/<int:pk>/", views.run_detail, name="run-detail"),
     path("runs/<int:pk>/cancel/", views.run_cancel, name="run-cancel"),
+    path("runs/<int:pk>/log/", views.run_log, name="run-log"),
     path("runs/<int:pk>/compare/", views.run_compare, name="run-compare"),
     path("runs/<int:pk>/judge/", views.run_judge, name="run-judge"),
     path("leaderboard/", views.leaderboard, name="leaderboard"),

@@ -159,6 +159,9 @@ REPLAYS_PREPARE_TOKEN_SECONDS = env_int("REPLAYS_PREPARE_TOKEN_SECONDS", 300, mi
 REPLAYS_DEFAULT_TIMEOUT_SECONDS = env_int("REPLAYS_DEFAULT_TIMEOUT_SECONDS", 1200, minimum=1)
 # A run's diff larger than this is stored cut (the run folder keeps all of it).
 REPLAYS_MAX_DIFF_BYTES = env_int("REPLAYS_MAX_DIFF_BYTES", 20 * 1024 * 1024, minimum=100)
+# A run's agent log longer than this is stored in the database by its end (the run
+# folder keeps all of it).
+REPLAYS_MAX_LOG_BYTES = env_int("REPLAYS_MAX_LOG_BYTES", 16 * 1024 * 1024, minimum=1024)
 # Keep run worktrees after the diff is stored (they are removed by default).
 REPLAYS_KEEP_WORKSPACES = env_bool("REPLAYS_KEEP_WORKSPACES", False)
 # Largest transcript file the importer reads (bytes).

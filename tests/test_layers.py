@@ -16,7 +16,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "replays"
 GROUND = {"transcripts", "pricing", "repos", "processes", "runfolder", "statistics", "formatting",
           "diffview", "access"}  # fmt: skip
 SERVICES = {"importing", "planning", "approval", "dispatch", "coordinator", "agents", "evaluation",
-            "context", "hosts", "doctor"}  # fmt: skip
+            "context", "hosts", "doctor", "runlogs"}  # fmt: skip
 DOORS = {"api", "views", "forms", "admin", "management", "tasks", "templatetags"}
 # Wiring, not doors: routes lead to the views, the body-size middleware answers in the API's
 # one error shape.

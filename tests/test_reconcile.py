@@ -20,8 +20,16 @@ from django.contrib.auth.models import User
 from django.core.management import call_command
 from django.utils import timezone
 
-from replays import dispatch, processes, tasks
-from replays.models import FailureCode, LaunchError, LaunchErrorCode, Run, RunPhase, RunStatus
+from replays import dispatch, processes, runlogs, tasks
+from replays.models import (
+    FailureCode,
+    LaunchError,
+    LaunchErrorCode,
+    Run,
+    RunLog,
+    RunPhase,
+    RunStatus,
+)
 from tests.run_factories import make_run_graph
 
 # A process with a child and a grandchild, all asleep; it writes their pids to argv[1].
@@ -237,6 +245,9 @@ def test_a_running_run_whose_coordinator_died_is_lost_its_agent_killed_and_its_l
     assert "partial log is kept" in run.failure_message
     assert run.phase == RunPhase.DONE and run.finished_at is not None
     assert "level 0 asleep" in run.log_tail and "level 2 asleep" in run.log_tail
+    # The whole partial log is in the database too, for pages on any machine.
+    assert "level 0 asleep" in (runlogs.log_text(run) or "")
+    assert RunLog.objects.filter(run=run).exists()
     assert all(gone(pid) for pid in tree), "the agent's tree outlived its lost coordinator"
     assert not LaunchError.objects.exists()  # it did start
     assert dispatch.reconcile_runs().coordinator_lost == 0

@@ -14,6 +14,7 @@ urlpatterns = [
     path("runs/<int:pk>/", views.RunDetailView.as_view(), name="api-run-detail"),
     path("runs/<int:pk>/cancel", views.RunCancelView.as_view(), name="api-run-cancel"),
     path("runs/<int:pk>/diff", views.RunDiffView.as_view(), name="api-run-diff"),
+    path("runs/<int:pk>/log", views.RunLogView.as_view(), name="api-run-log"),
     path("runs/<int:pk>/report", views.RunReportView.as_view(), name="api-run-report"),
     path("runs/<int:pk>/judge", views.RunJudgeView.as_view(), name="api-run-judge"),
     path("models/", views.ModelListView.as_view(), name="api-models"),

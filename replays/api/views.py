@@ -14,7 +14,7 @@ from rest_framework.response import Response
 from rest_framework.serializers import BaseSerializer
 from rest_framework.views import APIView
 
-from replays import agents, approval, dispatch, importing, planning
+from replays import agents, approval, dispatch, importing, planning, runlogs
 from replays.api.errors import ApiError
 from replays.api.renderers import ExportMixin
 from replays.api.serializers import (
@@ -413,6 +413,25 @@ class RunDiffView(APIView):
         run = _visible_run(request, pk)
         response = HttpResponse(run.diff, content_type="text/plain; charset=utf-8")
         response["Content-Disposition"] = f'inline; filename="run-{run.pk}.diff"'
+        return response
+
+
+class RunLogView(APIView):
+    @extend_schema(
+        responses={
+            (200, "text/plain"): OpenApiResponse(
+                str, description="The run's whole agent log (a very long one: its end)."
+            ),
+            **error_responses({404: "No such run, or it has no log."}),
+        }
+    )
+    def get(self, request: Request, pk: int) -> HttpResponse:
+        run = _visible_run(request, pk)
+        text = runlogs.log_text(run)
+        if text is None:
+            raise ApiError(code="no_log", message="This run has no log.", status_code=404)
+        response = HttpResponse(text, content_type="text/plain; charset=utf-8")
+        response["Content-Disposition"] = f'inline; filename="run-{run.pk}.log"'
         return response
 
 

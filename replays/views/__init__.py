@@ -5,7 +5,14 @@ models; writes go through the services the commands and the API use."""
 from replays.views.comparison import run_compare, run_judge
 from replays.views.leaderboard import leaderboard
 from replays.views.replays import plan_approve, plan_detail, plan_prepare_again
-from replays.views.results import batch_cancel, batch_detail, batch_list, run_cancel, run_detail
+from replays.views.results import (
+    batch_cancel,
+    batch_detail,
+    batch_list,
+    run_cancel,
+    run_detail,
+    run_log,
+)
 from replays.views.threads import thread_detail, thread_list, thread_upload
 
 __all__ = [
@@ -17,6 +24,7 @@ __all__ = [
     "plan_prepare_again",
     "run_cancel",
     "run_detail",
+    "run_log",
     "thread_detail",
     "thread_list",
     "thread_upload",

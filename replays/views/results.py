@@ -10,14 +10,14 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
 from django.db.models import Count, Prefetch, Q, Sum
-from django.http import HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.template.defaultfilters import pluralize
 from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 
-from replays import dispatch
+from replays import dispatch, runlogs
 from replays.models import (
     ACTIVE_RUN_STATUSES,
     Batch,
@@ -236,6 +236,18 @@ def diff_lines(diff: str) -> list[DiffLine]:
             kind = "context"
         lines.append(DiffLine(kind, text))
     return lines
+
+
+@login_required
+def run_log(request: HttpRequest, pk: int) -> HttpResponse:
+    """The run's whole agent log as plain text (from the database: any machine shows it)."""
+    run = get_object_or_404(Run.objects.visible_to(request.user), pk=pk)
+    text = runlogs.log_text(run)
+    if text is None:
+        raise Http404("This run has no log.")
+    response = HttpResponse(text, content_type="text/plain; charset=utf-8")
+    response["Content-Disposition"] = f'inline; filename="run-{run.pk}.log"'
+    return response
 
 
 @login_required
