@@ -27,14 +27,8 @@ def store_log(run_id: int, path: Path | None = None) -> RunLog | None:
     """Keep the run's agent log (default: its run folder's) compressed in the database,
     replacing an earlier copy; None when there is no log file or it cannot be read. Never
     raises for a database error either: the log is kept in the run folder anyway."""
-    path = path or run_folder(run_id) / AGENT_LOG
-    limit = int(settings.REPLAYS_MAX_LOG_BYTES)
     try:
-        with path.open("rb") as handle:
-            size = handle.seek(0, 2)
-            cut = max(0, size - limit)
-            handle.seek(cut)
-            data = handle.read(limit)
+        data, cut = _read_end(path or run_folder(run_id) / AGENT_LOG)
     except OSError:
         return None
     codec, blob = store.compress(data)
@@ -65,21 +59,27 @@ def log_text(run: Run) -> str | None:
         except store.StoredTranscriptError as exc:
             return f"[replays] The stored log cannot be read: {exc}.\n"
         return _with_cut(data, stored.cut)
-    path = run_folder(run.pk) / AGENT_LOG
-    limit = int(settings.REPLAYS_MAX_LOG_BYTES)
     try:
-        with path.open("rb") as handle:
-            size = handle.seek(0, 2)
-            cut = max(0, size - limit)
-            handle.seek(cut)
-            return _with_cut(handle.read(limit), cut)
+        return _with_cut(*_read_end(run_folder(run.pk) / AGENT_LOG))
     except OSError:
         return None
+
+
+def _read_end(path: Path) -> tuple[bytes, int]:
+    """The last REPLAYS_MAX_LOG_BYTES of the file, and how many bytes come before them."""
+    limit = int(settings.REPLAYS_MAX_LOG_BYTES)
+    with path.open("rb") as handle:
+        cut = max(0, handle.seek(0, 2) - limit)
+        handle.seek(cut)
+        return handle.read(limit), cut
 
 
 def _with_cut(data: bytes, cut: int) -> str:
     text = data.decode("utf-8", errors="replace")
     if cut:
-        limit = settings.REPLAYS_MAX_LOG_BYTES
-        return f"[replays] The first {cut:,} bytes of this log are left out (kept: the last {limit:,}).\n{text}"
+        kept = settings.REPLAYS_MAX_LOG_BYTES
+        return (
+            f"[replays] The first {cut:,} bytes of this log are left out "
+            f"(kept: the last {kept:,}).\n{text}"
+        )
     return text
