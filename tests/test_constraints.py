@@ -24,6 +24,7 @@ from replays.models import (
     Review,
     ReviewStatus,
     Run,
+    RunLog,
     RunStatus,
     SourceKind,
     Thread,
@@ -143,6 +144,8 @@ VIOLATIONS: dict[str, Callable[[Graph], models.Model]] = {
     "transcript_size_gte_0": lambda g: Transcript(
         thread=g["thread"], codec="zstd", data=b"x", size=-1, sha256="0" * 64
     ),
+    # More left out than the log had.
+    "runlog_sizes_valid": lambda g: RunLog(run=g["run"], codec="zstd", data=b"x", size=10, cut=11),
     "turn_unique_index": lambda g: clone(g["turn"], message_uuid="m-1"),
     "turn_unique_message": lambda g: clone(g["turn"], index=1),
     "turn_seconds_gte_0": lambda g: clone(g["turn"], index=1, message_uuid="m-1", seconds=-0.5),
