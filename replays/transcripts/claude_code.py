@@ -933,11 +933,20 @@ def _struct_prompt_text(line: _Line, content: str | list[_Block] | None) -> str 
                 texts.append(block.text)
             elif block_type in ("image", "document"):
                 has_image = True
-        text = "\n".join(texts)
-        if not text.strip() and has_image:
-            text = "[image]"
+        text = _joined_prompt(texts, has_image)
     else:
         raise ValueError("message.content is neither text nor a list of blocks")
+    return _prompt_or_none(text)
+
+
+def _joined_prompt(texts: list[str], has_image: bool) -> str:
+    """A prompt's text blocks joined; "[image]" for a prompt of images only."""
+    text = "\n".join(texts)
+    return "[image]" if not text.strip() and has_image else text
+
+
+def _prompt_or_none(text: str) -> str | None:
+    """The prompt as stripped text; None for an empty one, a CLI wrapper or an interrupt."""
     text = text.strip()
     if not text or _WRAPPER_RE.match(text) or text.startswith(_INTERRUPT_PREFIX):
         return None
@@ -1010,15 +1019,10 @@ def prompt_text(value: dict[str, Any]) -> str | None:
                 texts.append(block["text"])
             elif block_type in ("image", "document"):
                 has_image = True
-        text = "\n".join(texts)
-        if not text.strip() and has_image:
-            text = "[image]"
+        text = _joined_prompt(texts, has_image)
     else:
         raise ValueError("message.content is neither text nor a list of blocks")
-    text = text.strip()
-    if not text or _WRAPPER_RE.match(text) or text.startswith(_INTERRUPT_PREFIX):
-        return None
-    return text
+    return _prompt_or_none(text)
 
 
 def _read_assistant(
