@@ -28,6 +28,7 @@ from django.utils import timezone
 
 from replays import hosts
 from replays.models import Host, Run, RunStatus
+from replaysite.folders import project_above
 
 OK, WARNING, ERROR = "ok", "warning", "error"
 # Clocks this close count as the same clock (one report's own latency is below it).
@@ -396,6 +397,19 @@ def _check_run_root(checks: list[Check], here: str) -> None:
         )
         return
     checks.append(Check("run root", here, OK, f"The run root {root} is writable."))
+    project = project_above(root)
+    if project is not None:
+        checks.append(
+            Check(
+                "run root location",
+                here,
+                WARNING,
+                f"The run root {root} lies inside the project {project}: a verify command "
+                "or agent run in a worktree there may take that project's configuration "
+                "(pytest climbs to its pyproject.toml and its tests package) instead of "
+                "its own. Set REPLAYS_RUN_ROOT to a folder outside any project.",
+            )
+        )
 
 
 def _check_repository_roots(checks: list[Check], here: str, known: list[Host]) -> None:

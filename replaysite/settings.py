@@ -14,6 +14,8 @@ from pathlib import Path
 
 import dj_database_url
 
+from replaysite.folders import default_run_root
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 
@@ -89,7 +91,8 @@ def env_path(name: str, default: Path) -> Path:
 # --- Folders -------------------------------------------------------------------------
 
 REPLAYS_VAR_DIR = env_path("REPLAYS_VAR_DIR", BASE_DIR / "var")
-REPLAYS_RUN_ROOT = env_path("REPLAYS_RUN_ROOT", REPLAYS_VAR_DIR / "runs")
+# Run folders (worktrees) never lie inside a project: see replaysite/folders.py.
+REPLAYS_RUN_ROOT = env_path("REPLAYS_RUN_ROOT", default_run_root(REPLAYS_VAR_DIR))
 REPLAYS_VAR_DIR.mkdir(parents=True, exist_ok=True)
 (REPLAYS_VAR_DIR / "static").mkdir(exist_ok=True)
 

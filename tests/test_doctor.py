@@ -336,3 +336,23 @@ def test_the_command_exits_1_on_errors_and_0_on_warnings(
         nobody.stdout
     )
     assert "ERROR    broker: The database broker (table django_q_ormq) is down" in nobody.stdout
+
+
+def test_a_run_root_inside_a_project_is_flagged(db: None, healthy: Path, settings: Any) -> None:
+    """A worktree under a project's folder lets the verify command take that project's
+    configuration (the demo's pytest found Replays' own pyproject.toml)."""
+    project = healthy / "checkout"
+    (project / "var").mkdir(parents=True)
+    (project / "pyproject.toml").write_text("[tool.pytest.ini_options]\n")
+    settings.REPLAYS_RUN_ROOT = project / "var" / "runs"
+
+    answer, status = doctor()
+
+    check = one(answer, "run root location", "here")
+    assert check["severity"] == "warning"
+    assert f"inside the project {project}" in check["message"]
+    assert status == 0  # a warning: runs still start
+
+    settings.REPLAYS_RUN_ROOT = healthy / "runs"
+    answer, _ = doctor()
+    assert found(answer, "run root location") == []
