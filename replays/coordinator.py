@@ -44,6 +44,7 @@ from django.utils import timezone
 from replays import access, agents, context, pricing, processes, repos, runfolder, runlogs
 from replays.agents.base import (
     Agent,
+    AgentNotReady,
     AgentOutcome,
     AgentSetupError,
     ForkedSession,
@@ -54,6 +55,7 @@ from replays.agents.base import (
     read_tail,
     write_private,
 )
+from replays.agents.problems import SetupKind, SetupProblem
 from replays.evaluation import report
 from replays.models import FailureCode, Run, RunPhase, RunStatus
 from replays.processes import ProcessIdentity, pause_point
@@ -155,6 +157,7 @@ class _Turns:
             model_seconds=round(sum(seconds), 3) if seconds else None,
             error=last.error,
             failed=last.failed,
+            setup=last.setup,
         )
 
 
@@ -239,6 +242,8 @@ class _Member:
             return "stopped: the run was finished elsewhere"
         except CoordinatorStopped as exc:
             result = _Result(RunStatus.FAILED, FailureCode.INFRASTRUCTURE, str(exc))
+        except AgentNotReady as exc:
+            result = _Result(RunStatus.FAILED, FailureCode.SETUP, exc.problem.message())
         except AgentSetupError as exc:
             result = _Result(RunStatus.FAILED, FailureCode.INFRASTRUCTURE, str(exc))
         except Exception as exc:  # noqa: BLE001 - every failure on our side is written on the run
@@ -258,10 +263,13 @@ class _Member:
         try:
             info = agents.resolve_model(model_id)
         except agents.UnknownModel as exc:
-            raise AgentSetupError(str(exc)) from None
+            raise AgentNotReady(SetupProblem(SetupKind.UNKNOWN_MODEL, str(exc))) from None
         if not info.available:
-            raise AgentSetupError(
-                f"The agent for {info.id} cannot run on this machine: {info.reason}"
+            raise AgentNotReady(
+                SetupProblem(
+                    SetupKind.PROGRAM_MISSING,
+                    f"The agent for {info.id} cannot run on this machine: {info.reason}",
+                )
             )
         adapter = agents.adapter_for(info.id)
         self.adapter = adapter
@@ -348,7 +356,17 @@ class _Member:
             )
 
         self._update(phase=RunPhase.COLLECTING)
-        if ending == "timeout":
+        if ending == "timeout" and outcome.setup is not None:
+            # It waited for the network until the deadline: the setup's, not the model's.
+            result = _Result(
+                RunStatus.FAILED,
+                FailureCode.SETUP,
+                outcome.setup.message(),
+                wall_seconds=wall_seconds,
+                outcome=outcome,
+                turns=turns,
+            )
+        elif ending == "timeout":
             result = _Result(
                 RunStatus.FAILED,
                 FailureCode.TIMEOUT,
@@ -382,6 +400,12 @@ class _Member:
                 result.failure_message = f"{outcome.error or 'The agent reported an error.'}" + (
                     f"\n(It stopped{stopped}.)" if stopped else ""
                 )
+            if result.status == RunStatus.FAILED and outcome.setup is not None:
+                # Not the model's doing: not logged in, a quota, an unknown model id...
+                result.failure_code = FailureCode.SETUP
+                result.failure_message = outcome.setup.message() + (
+                    f"\n(It stopped{stopped}.)" if stopped else ""
+                )
         self._collect_diff(result, baseline)
         if result.status == RunStatus.COMPLETED:
             self._review(result)
@@ -396,13 +420,23 @@ class _Member:
         env = runfolder.agent_environment(invocation.env, run_id=self.run.pk)
         started = time.monotonic()
         self.agent_finished = False
-        self.agent, self.agent_identity = processes.spawn(
-            invocation.argv,
-            cwd=turn.fork.cwd if turn.fork is not None else self.workspace,
-            env=env,
-            log_path=self.log_path,
-            stdin_path=invocation.stdin_path,
-        )
+        try:
+            self.agent, self.agent_identity = processes.spawn(
+                invocation.argv,
+                cwd=turn.fork.cwd if turn.fork is not None else self.workspace,
+                env=env,
+                log_path=self.log_path,
+                stdin_path=invocation.stdin_path,
+            )
+        except (FileNotFoundError, PermissionError) as exc:
+            if exc.filename not in (None, invocation.argv[0]):
+                raise  # the working folder or the log, not the program: ours
+            raise AgentNotReady(
+                SetupProblem(
+                    SetupKind.PROGRAM_MISSING,
+                    f"{invocation.argv[0]} cannot start: {exc.strerror or exc}.",
+                )
+            ) from None
         # Recorded at once: a reconcile after a lost coordinator kills this tree.
         self._update(
             agent_pid=self.agent_identity.pid,
@@ -539,7 +573,10 @@ class _Member:
             self._note([f"Usage of the stopped agent could not be read: {_describe(exc)}"])
             return AgentOutcome()
         return AgentOutcome(
-            usage=outcome.usage, cost_usd=outcome.cost_usd, model_seconds=outcome.model_seconds
+            usage=outcome.usage,
+            cost_usd=outcome.cost_usd,
+            model_seconds=outcome.model_seconds,
+            setup=outcome.setup,
         )
 
     def _write_run_folder(self, first_request: str) -> None:

@@ -374,9 +374,31 @@ class FailureCode(models.TextChoices):
     NONE = "", "None"
     AGENT_ERROR = "agent_error", "Agent error"
     TIMEOUT = "timeout", "Timed out"
+    # The agent could not work for a reason of the user's or the provider's: not logged
+    # in, credentials, quota or rate limit, a model id the provider does not know, the
+    # program missing, the network unreachable (replays.agents.problems).
+    SETUP = "setup", "Setup problem"
     INFRASTRUCTURE = "infrastructure", "Infrastructure"
     LAUNCH_FAILED = "launch_failed", "Launch failed"
     COORDINATOR_LOST = "coordinator_lost", "Coordinator lost"
+
+
+class FailureOwner(models.TextChoices):
+    """Whose a failure is. Only the model's count against it on the leaderboard."""
+
+    MODEL = "model", "the model's"
+    SETUP = "setup", "setup (the user's or the provider's)"
+    OURS = "ours", "ours (Replays' infrastructure)"
+
+
+FAILURE_OWNERS = {
+    FailureCode.AGENT_ERROR: FailureOwner.MODEL,
+    FailureCode.TIMEOUT: FailureOwner.MODEL,
+    FailureCode.SETUP: FailureOwner.SETUP,
+    FailureCode.INFRASTRUCTURE: FailureOwner.OURS,
+    FailureCode.LAUNCH_FAILED: FailureOwner.OURS,
+    FailureCode.COORDINATOR_LOST: FailureOwner.OURS,
+}
 
 
 class Run(TokenTotals):
@@ -485,6 +507,13 @@ class Run(TokenTotals):
     @property
     def is_finished(self) -> bool:
         return self.status in FINISHED_RUN_STATUSES
+
+    @property
+    def failure_owner(self) -> FailureOwner | None:
+        """Whose failure this is (None unless the run failed)."""
+        if self.status != RunStatus.FAILED:
+            return None
+        return FAILURE_OWNERS.get(FailureCode(self.failure_code), FailureOwner.OURS)
 
     @property
     def current_report(self) -> Report | None:

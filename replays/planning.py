@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import secrets
 import shlex
 import unicodedata
@@ -334,6 +335,7 @@ def normalise_configuration(raw: Any) -> dict[str, Any]:
                 f"verify_command cannot be split into words: {exc}.",
                 details={"field": "verify_command"},
             ) from None
+        verify = _verify_program_resolved(verify, configurations)
     models = normalise_models(raw.get("models"))
     normalised = {
         "configurations": configurations,
@@ -351,6 +353,61 @@ def normalise_configuration(raw: Any) -> dict[str, Any]:
         # Absent means the default for every model (and keeps older fingerprints).
         normalised["context"] = modes
     return normalised
+
+
+def verify_command_from(command: str, *, base: Path) -> str:
+    """The verify command with a relative program (`.venv/bin/python`) made absolute from
+    `base`, the folder the user typed it in (the command line's working folder, or the
+    repository for the API and the pages). The command runs in a worktree, where the same
+    relative path would name something else, or nothing. PlanInputError when the program
+    is not there. A bare name (`pytest`) is looked up on PATH when it runs."""
+    try:
+        words = shlex.split(command)
+    except ValueError as exc:
+        raise PlanInputError(
+            f"verify_command cannot be split into words: {exc}.",
+            details={"field": "verify_command"},
+        ) from None
+    if not words or "/" not in words[0] or words[0].startswith("/"):
+        return command
+    program = Path(os.path.abspath(base / words[0]))
+    if not (program.is_file() and os.access(program, os.X_OK)):
+        raise PlanInputError(
+            f"The verify command's program {words[0]} is not an executable file in {base} "
+            f"({program}). A relative program is taken from {base}; give an absolute path "
+            "or a program on PATH.",
+            code="verify_program_missing",
+            details={"field": "verify_command", "program": str(program)},
+        )
+    return shlex.join([str(program), *words[1:]])
+
+
+def _verify_program_resolved(command: str, configurations: list[dict[str, Any]]) -> str:
+    """A relative program left in the configuration (the API, the pages) is taken from
+    the repository the plan names; with none named, it is refused: the thread's folder
+    is not where the user typed it, and the worktree would be a surprise."""
+    words = shlex.split(command)
+    if not words or "/" not in words[0] or words[0].startswith("/"):
+        return command
+    named = [item.get("repository") for item in configurations]
+    if not all(named) or len(set(named)) != 1:
+        raise PlanInputError(
+            f"The verify command's program {words[0]} is a relative path, and the plan names "
+            "no repository to take it from: give `repository`, or an absolute path to the "
+            "program.",
+            code="verify_program_relative",
+            details={"field": "verify_command", "program": words[0]},
+        )
+    repository = Path(str(named[0]))
+    if not repository.is_absolute() or not access.under_roots(repository):
+        raise PlanInputError(
+            f"The verify command's program {words[0]} is a relative path: give the "
+            "repository as an absolute path under the repository roots, or an absolute "
+            "path to the program.",
+            code="verify_program_relative",
+            details={"field": "verify_command", "program": words[0]},
+        )
+    return verify_command_from(command, base=repository)
 
 
 def normalise_evaluator(raw: Any) -> str | None:

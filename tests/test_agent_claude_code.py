@@ -27,7 +27,8 @@ from django.utils import timezone
 from replays import agents, pricing, repos
 from replays.agents.base import AgentSetupError, RunContext
 from replays.agents.claude_code import ClaudeCodeAgent, render_events
-from replays.models import FailureCode, Run, RunStatus
+from replays.evaluation import leaderboard
+from replays.models import FailureCode, FailureOwner, Run, RunStatus
 from replays.transcripts.base import TokenUsage
 from tests.conftest import NODE_BIN, REAL_TRANSCRIPTS, manifest_session, require_tool
 from tests.fakes import anthropic_server
@@ -653,8 +654,14 @@ class Replay:
     agents_file: Path
     claude: Path
 
-    def configure(self, server: AnthropicServer, **entry: Any) -> None:
-        env = {"ANTHROPIC_BASE_URL": server.url, "ANTHROPIC_API_KEY": "fake-key"}
+    def configure(
+        self, server: AnthropicServer, *, env_extra: dict[str, str] | None = None, **entry: Any
+    ) -> None:
+        env = {
+            "ANTHROPIC_BASE_URL": server.url,
+            "ANTHROPIC_API_KEY": "fake-key",
+            **(env_extra or {}),
+        }
         self.agents_file.write_text(
             json.dumps({"claude": claude_entry(self.claude, env=env, **entry)})
         )
@@ -906,11 +913,6 @@ def test_a_replay_with_claude_edits_the_worktree_and_reports_its_own_usage(
             "messages.0.content: text blocks must be non-empty",
             "API Error: 400 messages.0.content: text blocks must be non-empty",
         ),
-        (
-            403,
-            "Your organization has been disabled.",
-            "API Error: 403 Your organization has been disabled.",
-        ),
     ],
 )
 def test_an_api_error_fails_the_run_with_claudes_message(
@@ -926,6 +928,52 @@ def test_an_api_error_fails_the_run_with_claudes_message(
     assert run.exit_code == 1
     assert run.cost_usd == Decimal(0) and run.total_tokens == 0
     assert any(entry.startswith("result: error, 1 turn") for entry in run.log_tail.split("\n"))
+
+
+@pytest.mark.cli
+@pytest.mark.parametrize(
+    ("status", "message", "title"),
+    [
+        (401, "invalid x-api-key", "credentials refused or missing"),
+        (403, "Your organization has been disabled.", "credentials refused or missing"),
+        (429, "Number of request tokens has exceeded your rate limit", "rate limited"),
+        (404, "model: claude-sonnet-4-5", "the provider does not know this model"),
+        (400, "Your credit balance is too low to access the Anthropic API.", "quota or credit"),
+        (529, "Overloaded", "the provider is unavailable"),
+    ],
+)
+def test_a_provider_refusal_is_a_setup_failure_not_the_models(
+    replay: Replay, settings: Any, status: int, message: str, title: str
+) -> None:
+    """The real claude, refused by its provider: failed as `setup` with claude's own words
+    and the fix, and the leaderboard does not count it against the model."""
+    with AnthropicServer(lambda body: HttpError(status, message)) as server:
+        replay.configure(server, env_extra={"CLAUDE_CODE_MAX_RETRIES": "0"})
+        result = replay.run(timeout=120)
+    assert result.returncode == 1, result.stdout + result.stderr
+    run = Run.objects.get()
+    assert (run.status, run.failure_code) == (RunStatus.FAILED, FailureCode.SETUP)
+    assert run.failure_owner == FailureOwner.SETUP
+    assert run.failure_message.startswith(f"Setup problem ({title}")
+    assert "Fix: " in run.failure_message
+    row = leaderboard.leaderboard(
+        user=run.batch.owner, filters=leaderboard.Filters(), with_choices=False
+    ).rows[0]
+    assert (row.n, row.failed, row.setup) == (0, 0, 1)
+
+
+@pytest.mark.cli
+def test_claude_not_logged_in_is_a_setup_failure_with_its_own_words(replay: Replay) -> None:
+    """No key and an empty home: claude says "Not logged in · Please run /login" at once."""
+    replay.agents_file.write_text(json.dumps({"claude": claude_entry(replay.claude)}))
+    result = replay.run()
+    assert result.returncode == 1, result.stdout + result.stderr
+    run = Run.objects.get()
+    assert (run.status, run.failure_code) == (RunStatus.FAILED, FailureCode.SETUP)
+    assert run.failure_message.startswith("Setup problem (not logged in): Not logged in")
+    assert "seed_files" in run.failure_message
+    # The command shows the reason whole under its table.
+    assert "Not logged in · Please run /login" in result.stdout
 
 
 @pytest.mark.cli

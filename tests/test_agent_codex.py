@@ -444,20 +444,8 @@ class Replay:
             'model_providers.fake.env_key="FAKE_KEY"',
         ]
         agents_file = tmp_path / "agents.json"
-        agents_file.write_text(
-            json.dumps(
-                {
-                    "codex": {
-                        "kind": "codex",
-                        "label": "Codex",
-                        "binary": str(codex),
-                        "args": [arg for pair in provider for arg in ("-c", pair)],
-                        "env": {"FAKE_KEY": "x"},
-                        "models": ["gpt-5.5"],
-                    }
-                }
-            )
-        )
+        self.codex, self.provider, self.agents_file = codex, provider, agents_file
+        self.configure()
         self.home = tmp_path / "home"
         self.home.mkdir()
         self.env = {
@@ -478,6 +466,23 @@ class Replay:
             "--evaluator", "tests", "--verify-command", "true", "--yes", "--wait",
         ]  # fmt: skip
         self.process: subprocess.Popen[str] | None = None
+
+    def configure(self, *, env: dict[str, str] | None = None, more: list[str] = ()) -> None:  # type: ignore[assignment]
+        """The agents file: codex against the server, FAKE_KEY given unless `env` says."""
+        self.agents_file.write_text(
+            json.dumps(
+                {
+                    "codex": {
+                        "kind": "codex",
+                        "label": "Codex",
+                        "binary": str(self.codex),
+                        "args": [arg for pair in [*self.provider, *more] for arg in ("-c", pair)],
+                        "env": {"FAKE_KEY": "x"} if env is None else env,
+                        "models": ["gpt-5.5"],
+                    }
+                }
+            )
+        )
 
     def run(self, *extra: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -645,6 +650,53 @@ def test_an_api_error_fails_the_run_as_an_agent_error_with_its_message(
     )
     assert "turn failed: The model gpt-5.5 is not available to you." in run.log_tail
     assert run.cost_usd is None and run.input_tokens == 0
+
+
+NO_RETRIES = [
+    "model_providers.fake.request_max_retries=0",
+    "model_providers.fake.stream_max_retries=0",
+]
+
+
+@pytest.mark.cli
+@pytest.mark.parametrize(
+    ("status", "message", "title"),
+    [
+        (401, "Incorrect API key provided", "credentials refused or missing"),
+        # Codex quotes no body for a 429 ("last status: 429 Too Many Requests"): a quota
+        # and a rate limit read the same.
+        (429, "You exceeded your current quota", "rate limited by the provider"),
+        (404, "The model `gpt-5.5` does not exist or you do not have access to it.",
+         "the provider does not know this model"),
+    ],
+)  # fmt: skip
+def test_a_provider_refusal_is_a_setup_failure_of_codex(
+    codex_replay: Callable[[Script], Replay], status: int, message: str, title: str
+) -> None:
+    replay = codex_replay(lambda body: HttpError(status, message))
+    replay.configure(more=NO_RETRIES)
+    result = replay.run(timeout=120)
+    assert result.returncode == 1, result.stdout + result.stderr
+    run = the_run()
+    assert (run.status, run.failure_code) == (RunStatus.FAILED, FailureCode.SETUP)
+    assert run.failure_message.startswith(f"Setup problem ({title})"), run.failure_message
+    assert "Fix: " in run.failure_message
+
+
+@pytest.mark.cli
+def test_codex_without_its_key_is_a_setup_failure(
+    codex_replay: Callable[[Script], Replay],
+) -> None:
+    replay = codex_replay([Text("never asked")])
+    replay.configure(env={})
+    result = replay.run()
+    assert result.returncode == 1, result.stdout + result.stderr
+    run = the_run()
+    assert (run.status, run.failure_code) == (RunStatus.FAILED, FailureCode.SETUP)
+    assert run.failure_message.startswith(
+        "Setup problem (credentials refused or missing): Missing environment variable"
+    )
+    assert replay.server.model_requests == []
 
 
 @pytest.mark.cli

@@ -90,7 +90,7 @@ def test_the_leaderboard_csv_has_its_header_even_without_rows(api_client: Any) -
     response = api_client.get(LEADERBOARD_URL, {"format": "csv"})
     assert response.status_code == 200
     header = response.content.decode().splitlines()[0]
-    assert header.startswith("model,baseline,n,wins,ties,losses,failed,not_counted,rate,")
+    assert header.startswith("model,baseline,n,wins,ties,losses,failed,setup,not_counted,rate,")
 
 
 def test_the_leaderboard_as_json(api_client: Any, user: User) -> None:

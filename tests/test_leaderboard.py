@@ -123,20 +123,19 @@ def test_a_row_counts_wins_ties_losses_and_failures_against_the_model(user: User
                 ("loss", 0.2),
                 "timeout",
                 "agent_error",
-                "launch_failed",
             ]
         },
     )
     row = row_of(board(user), "codex:gpt-5.5")
-    assert (row.wins, row.ties, row.losses, row.failed, row.n) == (2, 1, 1, 3, 7)
-    rate = statistics.wilson_interval(3, 7)
-    assert (row.rate, row.rate_low, row.rate_high) == (3 / 7, rate.low, rate.high)
+    assert (row.wins, row.ties, row.losses, row.failed, row.n) == (2, 1, 1, 2, 6)
+    rate = statistics.wilson_interval(3, 6)
+    assert (row.rate, row.rate_low, row.rate_high) == (3 / 6, rate.low, rate.high)
     assert row.mean_score == pytest.approx((0.9 + 0.8 + 0.7 + 0.2) / 4)
-    assert row.total_cost_usd == Decimal("0.70")
+    assert row.total_cost_usd == Decimal("0.60")
     assert row.median_cost_usd == Decimal("0.10")
     assert row.median_seconds == 60.0
-    assert row.cost_per_win_usd == Decimal("0.35")
-    assert row.not_counted == 0
+    assert row.cost_per_win_usd == Decimal("0.30")
+    assert (row.setup, row.not_counted) == (0, 0)
     assert not row.baseline
 
 
@@ -150,6 +149,7 @@ def test_failed_reviews_cancels_and_our_own_failures_are_not_counted(user: User)
                 "review_failed",
                 "cancelled",
                 "infrastructure",
+                "launch_failed",
                 "coordinator_lost",
                 "pending",
             ]
@@ -157,16 +157,29 @@ def test_failed_reviews_cancels_and_our_own_failures_are_not_counted(user: User)
     )
     row = row_of(board(user), "codex:gpt-5.5")
     assert (row.n, row.wins, row.failed, row.rate) == (1, 1, 0, 1.0)
-    assert row.not_counted == 5
+    assert row.not_counted == 6
     assert row.not_counted_reasons == {
         "review_failed": 1,
         "cancelled": 1,
         "infrastructure": 1,
+        "launch_failed": 1,
         "coordinator_lost": 1,
         "awaiting_report": 1,
     }
     # Their cost is not in the figures either.
     assert row.total_cost_usd == Decimal("0.10")
+
+
+@pytest.mark.django_db
+def test_a_setup_failure_is_listed_apart_and_never_against_the_model(user: User) -> None:
+    """An agent not logged in (or out of quota, or given a model id its provider does not
+    know) says nothing about the model: it is not in n, its rate or its cost."""
+    seed(user, {"claude:claude-sonnet-4-5": ["win", "setup", "setup", "agent_error"]})
+    row = row_of(board(user), "claude:claude-sonnet-4-5")
+    assert (row.n, row.wins, row.failed, row.setup, row.not_counted) == (2, 1, 1, 2, 0)
+    assert row.rate == 0.5
+    assert row.total_cost_usd == Decimal("0.20")
+    assert row.not_counted_reasons == {}
 
 
 @pytest.mark.django_db
@@ -455,6 +468,7 @@ ROW_KEYS = [
     "ties",
     "losses",
     "failed",
+    "setup",
     "not_counted",
     "rate",
     "rate_low",
@@ -487,6 +501,7 @@ def test_the_api_returns_the_bare_list_of_rows(api_client: Any, user: User) -> N
         "ties": 1,
         "losses": 1,
         "failed": 1,
+        "setup": 0,
         "not_counted": 0,
         "rate": 0.5,
         "rate_low": rate.low,

@@ -26,6 +26,8 @@ from decimal import Decimal
 from pathlib import Path, PurePosixPath
 from typing import Any, ClassVar, Protocol
 
+from replays.agents.problems import SetupProblem
+
 # Text helpers live with the processes whose output they clean (plain Python, no Django).
 from replays.processes import plain_text, read_tail
 from replays.transcripts.base import TokenUsage
@@ -43,6 +45,15 @@ ANSWER_QUOTE_CHARS = 200
 
 class AgentSetupError(Exception):
     """The run cannot start the agent (our side: inputs changed, files missing)."""
+
+
+class AgentNotReady(AgentSetupError):
+    """The agent cannot start for a setup reason of the user's (its program missing, a
+    model no agent offers): the run fails as `setup`, not as ours."""
+
+    def __init__(self, problem: SetupProblem) -> None:
+        super().__init__(problem.message())
+        self.problem = problem
 
 
 @dataclass(frozen=True)
@@ -123,6 +134,9 @@ class AgentOutcome:
     failed: bool = False
     # Lines for the run's log about what we ignored (a malformed usage file, ...).
     notes: list[str] = field(default_factory=list)
+    # Why it failed, when that is a setup problem (not logged in, a quota, ...) rather
+    # than the model's doing: such a run is not counted against the model.
+    setup: SetupProblem | None = None
 
 
 @dataclass(frozen=True)

@@ -61,6 +61,7 @@ from typing import Any, ClassVar
 from django.conf import settings
 
 from replays import pricing
+from replays.agents import problems
 from replays.agents.base import (
     AgentOutcome,
     AgentSetupError,
@@ -87,6 +88,7 @@ from replays.agents.base import (
     seed_files_unavailable_reason,
     task_json,
 )
+from replays.agents.problems import SetupKind, SetupProblem
 from replays.transcripts.base import TokenUsage, TranscriptError
 from replays.transcripts.claude_code import anthropic_usage, parse_claude_code
 
@@ -345,6 +347,8 @@ class ClaudeCodeAgent(ConfiguredAgent):
         outcome = result_outcome(summary.result, model=self.model)
         if exit_code != 0 and not outcome.error:
             outcome.error = readable_tail(self.render_log(read_tail(context.log_path)))
+        if outcome.failed or exit_code != 0:
+            outcome.setup = setup_problem(summary.api_error, summary.result, outcome.error)
         return outcome, summary
 
     def _outcome_without_result(self, context: RunContext, summary: StreamSummary) -> AgentOutcome:
@@ -450,11 +454,16 @@ class StreamSummary:
 
     session_id: str = ""
     result: dict[str, Any] | None = None
+    # The typed error Claude Code puts on an assistant message it made up when the API
+    # failed ("authentication_failed", "rate_limit", ...): the last one counts.
+    api_error: str = ""
 
     def add(self, event: Mapping[str, Any]) -> None:
         kind = event.get("type")
         if kind == "system" and event.get("subtype") == "init" and not self.session_id:
             self.session_id = _text(event.get("session_id"))
+        elif kind == "assistant" and isinstance(event.get("error"), str):
+            self.api_error = event["error"]
         elif kind == "result":
             # The last one counts (there is one per session; a resumed stream may add more).
             self.result = dict(event)
@@ -502,6 +511,33 @@ def result_outcome(result: Mapping[str, Any], *, model: str) -> AgentOutcome:
             + (f": {turns} turn{'' if turns == 1 else 's'}." if _is_number(turns) else ".")
         )
     return outcome
+
+
+# Claude Code's typed API errors (the `error` of its made-up assistant message) that are
+# setup problems; "invalid_request" and "max_output_tokens" are the run's own.
+_API_ERRORS = {
+    "authentication_failed": SetupKind.CREDENTIALS,
+    "billing_error": SetupKind.QUOTA,
+    "rate_limit": SetupKind.RATE_LIMIT,
+    "model_not_found": SetupKind.UNKNOWN_MODEL,
+    "server_error": SetupKind.PROVIDER,
+}
+
+
+def setup_problem(
+    api_error: str, result: Mapping[str, Any], words: str
+) -> SetupProblem | None:
+    """The setup problem a failed Claude Code run reported: its typed error, else the HTTP
+    status of the API's answer (`api_error_status`)."""
+    kind = _API_ERRORS.get(api_error)
+    if kind == SetupKind.CREDENTIALS and "not logged in" in words.lower():
+        kind = SetupKind.NOT_LOGGED_IN
+    if kind is not None:
+        return SetupProblem(kind, words)
+    status = result.get("api_error_status")
+    if isinstance(status, int) and not isinstance(status, bool):
+        return problems.from_http_status(status, words)
+    return None
 
 
 def result_error(result: Mapping[str, Any]) -> str:

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -46,6 +47,7 @@ from typing import Any, ClassVar
 from django.conf import settings
 
 from replays import pricing
+from replays.agents import problems
 from replays.agents.base import (
     AgentOutcome,
     AgentSetupError,
@@ -73,6 +75,7 @@ from replays.agents.base import (
     task_json,
     write_private,
 )
+from replays.agents.problems import SetupKind, SetupProblem
 from replays.transcripts.base import TokenUsage
 
 DEFAULT_BINARY = "codex"
@@ -276,6 +279,8 @@ class CodexAgent(ConfiguredAgent):
             outcome.error = events.last_retry or readable_tail(
                 self.render_log(read_tail(context.log_path))
             )
+        if outcome.failed or exit_code != 0:
+            outcome.setup = setup_problem(outcome.error, events)
         return outcome
 
     def render_log(self, text: str) -> str:
@@ -479,6 +484,31 @@ class _Renderer:
 
 
 # --- helpers ---------------------------------------------------------------------------
+
+
+# Codex quotes the provider's HTTP status in its error ("unexpected status 401
+# Unauthorized: ...", "exceeded retry limit, last status: 429 Too Many Requests").
+_HTTP_STATUS_RE = re.compile(r"(?:unexpected status|last status:?)\s+(\d{3})\b")
+_NOT_LOGGED_IN_RE = re.compile(r"not logged in|codex login|please log ?in", re.IGNORECASE)
+_NO_KEY_RE = re.compile(r"missing environment variable|api key|no credentials", re.IGNORECASE)
+
+
+def setup_problem(error: str, events: EventSummary) -> SetupProblem | None:
+    """The setup problem a failed (or stopped) Codex run met, from what Codex said."""
+    status = _HTTP_STATUS_RE.search(error)
+    if status:
+        return problems.from_http_status(int(status.group(1)), error)
+    if _NOT_LOGGED_IN_RE.search(error):
+        return SetupProblem(SetupKind.NOT_LOGGED_IN, error)
+    if "usage limit" in error.lower():
+        return SetupProblem(SetupKind.QUOTA, error)
+    if _NO_KEY_RE.search(error):
+        return SetupProblem(SetupKind.CREDENTIALS, error)
+    # It waits for the network for ever (until the run's timeout) when the provider
+    # cannot be reached: a run that never got one answer met the network, not the task.
+    if events.totals is None and "waiting for network" in events.last_retry:
+        return SetupProblem(SetupKind.NETWORK, events.last_retry)
+    return None
 
 
 def readable_error(message: str) -> str:

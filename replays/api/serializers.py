@@ -439,10 +439,15 @@ class LeaderboardRowSerializer(serializers.Serializer):
     ties = serializers.IntegerField()
     losses = serializers.IntegerField(help_text="Judged worse than history.")
     failed = serializers.IntegerField(
-        help_text="Agent errors, timeouts and launch failures: they count against the model."
+        help_text="The model's own failures (agent errors, timeouts): they count against it."
+    )
+    setup = serializers.IntegerField(
+        help_text="Not in n: failed for setup (not logged in, credentials, quota or rate "
+        "limit, a model id the provider does not know, the program missing, the network)."
     )
     not_counted = serializers.IntegerField(
-        help_text="Not in n: review failed, cancelled, our infrastructure failed, or no report yet."
+        help_text="Not in n: review failed, cancelled, our infrastructure failed (a launch "
+        "that never happened, a lost coordinator), or no report yet."
     )
     rate = serializers.FloatField(
         allow_null=True, help_text="As good as history: (wins + ties) / n; null when n is 0."

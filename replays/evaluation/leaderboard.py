@@ -6,10 +6,13 @@ figures come from replays.statistics. What counts (docs/evaluation.md):
 
 - a run counts by its current report when that is judged: winner `replay` is a win
   for the model, `tie` a tie, `historical` a loss;
-- a run that failed on the model's side (agent error, timeout, launch failure) has no
-  report and counts against the model, in the view of its batch's evaluator;
-- a review that failed, a cancelled run, our own infrastructure failing, and a
-  completed run without a report yet are not in n: they are shown as "not counted".
+- a run that failed on the model's side (agent error, timeout) has no report and counts
+  against the model, in the view of its batch's evaluator;
+- a run that failed for setup (not logged in, a quota, an unknown model id: the user's
+  or the provider's) is not in n: it is shown apart, as "setup";
+- a review that failed, a cancelled run, our own infrastructure failing (a launch that
+  never happened, a lost coordinator), and a completed run without a report yet are not
+  in n: they are shown as "not counted".
 """
 
 from __future__ import annotations
@@ -44,8 +47,10 @@ from replays.agents import BASELINE_AGENT
 from replays.agents.baselines import EMPTY, HISTORICAL
 from replays.models import (
     ACTIVE_RUN_STATUSES,
+    FAILURE_OWNERS,
     TOKEN_FIELDS,
     FailureCode,
+    FailureOwner,
     ReportStatus,
     Run,
     RunStatus,
@@ -59,19 +64,21 @@ RUN_FILTERS = ("repository", "agent", "context", "since", "until")
 # Long enough for a repository path; a longer value is a mistake, not a filter.
 MAX_FILTER_LENGTH = 4096
 
-# Failures on the model's side: they count against it. Our own (infrastructure, a lost
-# coordinator) do not.
+# Failures on the model's side: they count against it. Setup problems and our own
+# (infrastructure, a launch that never happened, a lost coordinator) do not.
 COUNTED_FAILURES = frozenset(
-    {FailureCode.AGENT_ERROR, FailureCode.TIMEOUT, FailureCode.LAUNCH_FAILED}
+    code for code, owner in FAILURE_OWNERS.items() if owner == FailureOwner.MODEL
 )
 
 WIN, TIE, LOSS, FAILED, NOT_COUNTED = "win", "tie", "loss", "failed", "not_counted"
+SETUP = FailureCode.SETUP.value
 
 # Why a run is not in n, as the page words it.
 NOT_COUNTED_REASONS = {
     "review_failed": "review failed",
     "cancelled": "cancelled",
     FailureCode.INFRASTRUCTURE.value: "infrastructure failure",
+    FailureCode.LAUNCH_FAILED.value: "launch failed",
     FailureCode.COORDINATOR_LOST.value: "coordinator lost",
     "awaiting_report": "no report yet",
 }
@@ -191,6 +198,8 @@ class Row:
     ties: int
     losses: int
     failed: int
+    # Failed for setup (not logged in, a quota...): not the model's doing, not in n.
+    setup: int
     not_counted: int
     not_counted_reasons: dict[str, int]
     rate: float | None
@@ -451,9 +460,12 @@ def _row(model: str, entries: list[_Entry]) -> Row:
         ties=ties,
         losses=losses,
         failed=failed,
-        not_counted=len(entries) - n,
+        setup=outcomes[SETUP],
+        not_counted=len(entries) - n - outcomes[SETUP],
         not_counted_reasons={
-            reason: count for reason, count in outcomes.items() if reason not in _COUNTED
+            reason: count
+            for reason, count in outcomes.items()
+            if reason not in _COUNTED and reason != SETUP
         },
         rate=rate.value if rate else None,
         rate_low=rate.low if rate else None,
@@ -500,7 +512,13 @@ def leaderboard(*, user: Any, filters: Filters, with_choices: bool = True) -> Le
     evaluators: Counter[str] = Counter()
     for (in_evaluator, _), count in judged.items():
         evaluators[in_evaluator] += count
-    evaluator = filters.evaluator or _most_used(evaluators)
+    # Nothing judged yet: the view of the evaluator most runs were approved with, so
+    # failures (and setup problems) still show.
+    evaluator = (
+        filters.evaluator
+        or _most_used(evaluators)
+        or _most_used(Counter(entry[EVALUATOR] for entry in entries))
+    )
     versions: Counter[str] = Counter()
     for (in_evaluator, version), count in judged.items():
         if in_evaluator == evaluator:

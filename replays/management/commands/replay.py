@@ -4,6 +4,7 @@ import json
 import shlex
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
@@ -102,8 +103,8 @@ class Command(ReplaysCommand):
         if self.as_json and not options["yes"]:
             raise CommandError("--json needs --yes: there is no prompt to answer.")
         user = command_user(options["user"], acting="owns the plan")
-        configuration = self.configuration(options)
         try:
+            configuration = self.configuration(options)
             prepared = planning.prepare_plan(owner=user, raw_configuration=configuration)
         except (planning.PlanInputError, planning.PrepareConflict) as exc:
             raise CommandError(exc.message) from None
@@ -163,7 +164,10 @@ class Command(ReplaysCommand):
         if options["timeout"] is not None:
             configuration["timeout_seconds"] = options["timeout"]
         if options["verify_command"]:
-            configuration["verify_command"] = options["verify_command"]
+            # A relative program is where the user typed it, not in the run's worktree.
+            configuration["verify_command"] = planning.verify_command_from(
+                options["verify_command"], base=Path.cwd()
+            )
         if options["evaluator"]:
             configuration["evaluator"] = options["evaluator"]
         if options["test_paths"]:
