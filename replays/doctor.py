@@ -26,7 +26,8 @@ from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.migrations.executor import MigrationExecutor
 from django.utils import timezone
 
-from replays import hosts
+from replays import agents, hosts
+from replays.agents.problems import MISSING, READY
 from replays.models import Host, Run, RunStatus
 from replaysite.folders import project_above
 
@@ -88,6 +89,7 @@ def diagnose() -> Diagnosis:
     _check_run_root(checks, here)
     _check_repository_roots(checks, here, known)
     _check_agents(checks, here, known)
+    _check_logins(checks, here)
     if now is not None:
         _check_clocks(checks, known, now)
     return Diagnosis(checks)
@@ -504,6 +506,24 @@ def _check_agents(checks: list[Check], here: str, known: list[Host]) -> None:
                     f"Agent {name} differs between hosts ({listed}): replays of one batch "
                     "may run different versions.",
                 )
+            )
+
+
+def _check_logins(checks: list[Check], here: str) -> None:
+    """Whether each available agent's runs will have a login (a run's agent gets a home of
+    its own): one without would fail every run as a setup problem."""
+    seen: set[str] = set()
+    for info in agents.discover_models():
+        if info.is_baseline or not info.available or info.agent in seen:
+            continue
+        seen.add(info.agent)
+        if info.login == MISSING:
+            checks.append(
+                Check("agent login", here, WARNING, f"Agent {info.agent}: {info.login_message}")
+            )
+        elif info.login == READY:
+            checks.append(
+                Check("agent login", here, OK, f"Agent {info.agent}: {info.login_message}")
             )
 
 

@@ -24,6 +24,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.utils import timezone
 
 from replays import access, agents, context, evidence, repos
+from replays.agents.problems import MISSING
 from replays.evaluation import checks, evaluators
 from replays.models import (
     MAX_MODELS_PER_PLAN,
@@ -1121,6 +1122,20 @@ def resolve_plan_evaluator(configuration: dict[str, Any]) -> tuple[str, list[str
     return info.id, [], warnings
 
 
+def _evaluator_login_warnings(evaluator: str, configuration: dict[str, Any]) -> list[str]:
+    """The evaluator's missing login, said once when it is not also a candidate."""
+    if not evaluator or evaluator in configuration["models"]:
+        return []
+    try:
+        info = agents.resolve_model(evaluator)
+    except agents.UnknownModel:
+        return []  # `tests`, or a command judge: nothing to log in to
+    if info.available and info.login == MISSING:
+        return [f"The evaluator {evaluator} has no login, so judging will fail: "
+                f"{info.login_message}"]  # fmt: skip
+    return []
+
+
 NO_EVALUATOR = (
     "No evaluator can judge this plan, so its runs will not be judged: name an evaluator, "
     "give a verify command (for the offline tests evaluator), or configure an agent that "
@@ -1148,14 +1163,19 @@ def prepare_plan(*, owner: AbstractBaseUser, raw_configuration: Any) -> Prepared
     threads = load_threads(configuration, owner)
     plan_blockers: list[str] = []
     unavailable = []
+    login_warnings = []
     for model in configuration["models"]:
         info = agents.resolve_model(model)
         if not info.available:
             unavailable.append(info.id)
             plan_blockers.append(f"Model {model} cannot run here: {info.reason}")
+        elif info.login == MISSING:
+            login_warnings.append(f"Model {model} has no login, so its run will fail: "
+                                  f"{info.login_message}")  # fmt: skip
     evaluator, evaluator_blockers, warnings = resolve_plan_evaluator(configuration)
     if evaluator not in unavailable:  # else the same reason is said once, for the model
         plan_blockers += evaluator_blockers
+    warnings = login_warnings + warnings + _evaluator_login_warnings(evaluator, configuration)
     preparations = [
         prepare_thread(thread, item, configuration, evaluator=evaluator, owner=owner)
         for thread, item in zip(threads, configuration["configurations"], strict=True)

@@ -283,12 +283,15 @@ def test_a_failing_agent_fails_the_run_with_its_own_words_as_plain_text(setup: S
     assert "Working on it..." in run.log_tail
 
 
-def test_an_agent_whose_program_is_missing_fails_as_infrastructure(setup: Setup) -> None:
+def test_an_agent_whose_program_is_missing_fails_as_a_setup_problem(setup: Setup) -> None:
+    """Not the model's failure, not ours: the user's setup, said with the fix."""
     run = setup.launching_run("ghost:any")
     setup.coordinate(run)
     assert run.status == RunStatus.FAILED
-    assert run.failure_code == FailureCode.INFRASTRUCTURE
+    assert run.failure_code == FailureCode.SETUP
+    assert run.failure_message.startswith("Setup problem (the agent's program cannot start)")
     assert "'replays-no-such-agent-cli' was not found on PATH" in run.failure_message
+    assert "Fix: Install it" in run.failure_message
 
 
 # --- stopping agents -------------------------------------------------------------------------

@@ -54,6 +54,9 @@ class ModelInfo:
     model: str = ""  # the model as the agent names it ("" for the baselines)
     version: str = ""  # the installed agent's version, when it says
     kind: str = BASELINE_AGENT  # the agent's kind (codex, claude_code, command) or "baseline"
+    # Whether its runs will have a login: ready | missing | unknown (problems.Login).
+    login: str = "ready"
+    login_message: str = ""
 
     @property
     def is_baseline(self) -> bool:
@@ -84,6 +87,7 @@ def discover_models() -> list[ModelInfo]:
             agent_label = name
         reason = kind.unavailable_reason(entry)
         version = "" if reason else kind.version(entry)
+        login = kind.login(entry)
         for item in entry["models"]:
             parsed = _model_entry(item)
             if parsed is None:
@@ -103,6 +107,8 @@ def discover_models() -> list[ModelInfo]:
                 model=model,
                 version=version,
                 kind=entry["kind"],
+                login=login.state,
+                login_message=login.message,
             )
             # dict keeps the first insertion's position when a later one replaces the value.
             found[model_id] = info

@@ -26,10 +26,10 @@ from decimal import Decimal
 from pathlib import Path, PurePosixPath
 from typing import Any, ClassVar, Protocol
 
-from replays.agents.problems import SetupProblem
+from replays.agents.problems import UNKNOWN, Login, SetupProblem
 
 # Text helpers live with the processes whose output they clean (plain Python, no Django).
-from replays.processes import plain_text, read_tail
+from replays.processes import plain_text, read_tail, without_secrets
 from replays.transcripts.base import TokenUsage
 
 # `agent --version` answers at once; a hung binary must not hold up a page.
@@ -265,10 +265,25 @@ class ConfiguredAgent(Agent):
         return ""
 
     @classmethod
+    def login(cls, entry: Mapping[str, Any]) -> Login:
+        """Whether this agent's runs will have a login (checked before anything runs)."""
+        return Login(UNKNOWN)
+
+    @classmethod
     def judge_unavailable_reason(cls, entry: Mapping[str, Any]) -> str:
         """Why this agent cannot act as an evaluator here ("" when it can); the program
         being missing is said by unavailable_reason."""
         return "" if cls.can_judge else f"The {cls.kind} kind has no judge mode."
+
+
+def run_environment(entry: Mapping[str, Any]) -> dict[str, str]:
+    """The environment a run's agent gets from us: ours without our secrets, plus the
+    entry's `env` (replays.runfolder.agent_environment does the same when it runs)."""
+    env = without_secrets(os.environ)
+    given = entry.get("env")
+    if isinstance(given, Mapping):
+        env.update({str(key): str(value) for key, value in given.items()})
+    return env
 
 
 def program_unavailable_reason(program: str, env: Mapping[str, str] | None = None) -> str:

@@ -85,10 +85,19 @@ from replays.agents.base import (
     readable_tail,
     remove_seed_files,
     render_event_stream,
+    run_environment,
     seed_files_unavailable_reason,
     task_json,
 )
-from replays.agents.problems import SetupKind, SetupProblem
+from replays.agents.problems import (
+    MISSING,
+    READY,
+    UNKNOWN,
+    Login,
+    SetupKind,
+    SetupProblem,
+    first_set,
+)
 from replays.transcripts.base import TokenUsage, TranscriptError
 from replays.transcripts.claude_code import anthropic_usage, parse_claude_code
 
@@ -230,6 +239,27 @@ class ClaudeCodeAgent(ConfiguredAgent):
     @classmethod
     def version(cls, entry: Mapping[str, Any]) -> str:
         return program_version(entry.get("binary", DEFAULT_BINARY), entry.get("env"))
+
+    @classmethod
+    def login(cls, entry: Mapping[str, Any]) -> Login:
+        """A key or token in its environment, or a login file among its seed files."""
+        env = run_environment(entry)
+        given = first_set(env, LOGIN_VARIABLES)
+        if given:
+            return Login(READY, f"{given} is set.")
+        seeds = set(entry.get("seed_files") or {})
+        if CREDENTIALS_FILE in seeds:
+            return Login(READY, f"{CREDENTIALS_FILE} is among its seed files.")
+        if seeds & SETTINGS_FILES:
+            # Its settings may name an apiKeyHelper: only a run can tell.
+            return Login(UNKNOWN, "Its settings are seeded; they may give a login.")
+        return Login(
+            MISSING,
+            "Claude Code will say 'Not logged in': a run gets a home of its own, and no key "
+            f"({', '.join(LOGIN_VARIABLES[:2])}) or login file is given to it. Add "
+            f'"seed_files": {{"{CREDENTIALS_FILE}": "~/{CREDENTIALS_FILE}"}} or an API key '
+            'in "env" to the agent in REPLAYS_AGENTS_FILE.',
+        )
 
     @classmethod
     def judge_unavailable_reason(cls, entry: Mapping[str, Any]) -> str:
@@ -415,6 +445,18 @@ class ClaudeCodeAgent(ConfiguredAgent):
 
     def judge_cleanup(self, task: JudgeTask) -> None:
         self.cleanup(judge_context(task, self.model))
+
+
+# What gives Claude Code a login (besides a login file in its home).
+LOGIN_VARIABLES = (
+    "ANTHROPIC_API_KEY",
+    "ANTHROPIC_AUTH_TOKEN",
+    "CLAUDE_CODE_OAUTH_TOKEN",
+    "CLAUDE_CODE_USE_BEDROCK",
+    "CLAUDE_CODE_USE_VERTEX",
+)
+CREDENTIALS_FILE = ".claude/.credentials.json"
+SETTINGS_FILES = frozenset({".claude/settings.json", ".claude.json"})
 
 
 def _session_argument(session_id: str) -> str:

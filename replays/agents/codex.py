@@ -71,11 +71,20 @@ from replays.agents.base import (
     readable_tail,
     remove_seed_files,
     render_event_stream,
+    run_environment,
     seed_files_unavailable_reason,
     task_json,
     write_private,
 )
-from replays.agents.problems import SetupKind, SetupProblem
+from replays.agents.problems import (
+    MISSING,
+    READY,
+    UNKNOWN,
+    Login,
+    SetupKind,
+    SetupProblem,
+    first_set,
+)
 from replays.transcripts.base import TokenUsage
 
 DEFAULT_BINARY = "codex"
@@ -151,6 +160,29 @@ class CodexAgent(ConfiguredAgent):
         reason = program_unavailable_reason(entry.get("binary", DEFAULT_BINARY), env)
         return reason or seed_files_unavailable_reason(
             entry.get("seed_files", {}), home="CODEX_HOME"
+        )
+
+    @classmethod
+    def login(cls, entry: Mapping[str, Any]) -> Login:
+        """The key its provider reads (a custom provider's `env_key`), or a seeded auth.json."""
+        env = run_environment(entry)
+        if entry.get("config_toml"):
+            return Login(UNKNOWN, "Its config.toml may choose a provider and its login.")
+        if "auth.json" in set(entry.get("seed_files") or {}):
+            return Login(READY, "auth.json is among its seed files.")
+        provider_keys = _provider_env_keys(entry.get("args") or [])
+        if provider_keys is None:
+            return Login(UNKNOWN, "Its provider is chosen in a way we cannot read.")
+        wanted = provider_keys or OPENAI_KEYS
+        given = first_set(env, wanted)
+        if given:
+            return Login(READY, f"{given} is set.")
+        return Login(
+            MISSING,
+            f"Codex will find no login: a run gets a CODEX_HOME of its own, and "
+            f"{' or '.join(wanted)} is not set. Add "
+            '"seed_files": {"auth.json": "~/.codex/auth.json"} or the key in "env" to the '
+            "agent in REPLAYS_AGENTS_FILE.",
         )
 
     @classmethod
@@ -484,6 +516,25 @@ class _Renderer:
 
 
 # --- helpers ---------------------------------------------------------------------------
+
+
+OPENAI_KEYS = ("OPENAI_API_KEY", "CODEX_API_KEY")
+_PROVIDER_RE = re.compile(r"^model_provider\s*=\s*\"?([A-Za-z0-9_-]+)\"?$")
+_ENV_KEY_RE = re.compile(r"^model_providers\.([A-Za-z0-9_-]+)\.env_key\s*=\s*\"?([A-Za-z0-9_]*)\"?$")
+
+
+def _provider_env_keys(args: list[str]) -> tuple[str, ...] | None:
+    """The variables the chosen provider reads its key from, from `-c` overrides: () for
+    OpenAI's own, None when a provider is chosen whose key we cannot read (its env_key is
+    not among the overrides: it may need none, like a local server)."""
+    overrides = [args[i + 1] for i, arg in enumerate(args[:-1]) if arg in ("-c", "--config")]
+    provider = next((m.group(1) for o in overrides if (m := _PROVIDER_RE.match(o))), "openai")
+    if provider == "openai":
+        return ()
+    keys = {m.group(1): m.group(2) for o in overrides if (m := _ENV_KEY_RE.match(o))}
+    if provider not in keys:
+        return None
+    return (keys[provider],) if keys[provider] else None
 
 
 # Codex quotes the provider's HTTP status in its error ("unexpected status 401

@@ -114,3 +114,24 @@ def from_http_status(status: int, words: str) -> SetupProblem | None:
 
 
 _QUOTA_RE = re.compile(r"quota|credit balance|billing|usage limit|insufficient_quota")
+
+
+# --- Known before anything is spent: is the agent given a login? ---------------------
+
+READY, MISSING, UNKNOWN = "ready", "missing", "unknown"
+
+
+@dataclass(frozen=True)
+class Login:
+    """Whether a run's agent will have a login. A run starts its agent in a home of its
+    own holding only the seed files, so what the agent is given (its env, the seed files,
+    the service's own environment) is all it has, and that can be read before anything
+    runs: `missing` means certainly none, `unknown` that we cannot tell."""
+
+    state: str  # READY | MISSING | UNKNOWN
+    message: str = ""  # what is missing and how to give it
+
+
+def first_set(env: dict[str, str], names: tuple[str, ...]) -> str:
+    """The first of `names` set (not blank) in `env`, or ""."""
+    return next((name for name in names if env.get(name, "").strip()), "")

@@ -422,6 +422,15 @@ class ModelInfoSerializer(serializers.Serializer):
     available = serializers.BooleanField()
     reason = serializers.CharField(allow_blank=True)
     version = serializers.CharField(allow_blank=True, help_text="The installed agent's version.")
+    login = serializers.ChoiceField(
+        choices=["ready", "missing", "unknown"],
+        help_text="Whether its runs will have a login (a run's agent gets a home of its own "
+        "with only its seed files): missing means certainly none, and the run would fail "
+        "as a setup problem.",
+    )
+    login_message = serializers.CharField(
+        allow_blank=True, help_text="What gives it its login, or what is missing and the fix."
+    )
 
 
 # --- Leaderboard and exports -----------------------------------------------------------------
