@@ -17,8 +17,10 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
+from django.utils.html import escape
 
-from replays import diffview, repos
+from replays import diffview, processes, repos
+from replays.evaluation import report as reports
 from replays.models import (
     Report,
     ReportStatus,
@@ -774,3 +776,70 @@ def test_in_a_browser_the_sides_line_up_then_stack_and_the_yes_is_asked_for_a_mo
         assert left and right and left["x"] == right["x"] and left["y"] < right["y"]
         expect(first.locator(".compare-cell-label").first).to_be_visible()
         browser.close()
+
+
+# --- why a run was not judged ------------------------------------------------------------------
+
+FAILING_VERIFY = (
+    # The words are put together when it runs: the command itself does not hold them.
+    f"{sys.executable} -c \"import sys; print('ERROR collecting: No module named ' + 'tests.test_core'); "
+    'sys.exit(2)"'
+)
+
+
+@pytest.mark.django_db
+def test_an_unjudged_run_shows_the_verify_output_of_every_tree_it_ran_on(
+    client: Any, user: User, tmp_path: Path, settings: Any
+) -> None:
+    """The demo's replays ended "Not judged: the verify command failed on the historical tree
+    (exit 2)" with the cause (pytest's own words) on no page."""
+    settings.REPLAYS_RUN_ROOT = tmp_path / "runs"
+    repo, baseline, ending = make_git_repo(tmp_path / "git")
+    _, [run] = make_run_graph(
+        owner=user, repo=repo, baseline=baseline, ending=ending, models=["historical"],
+        verify_command=FAILING_VERIFY, evaluator="tests",
+    )  # fmt: skip
+    replay_tree = {"outcome": "failed", "exit_code": 2, "seconds": 0.1, "tests": None,
+                   "output_tail": "ERROR collecting (the replay's tree)", "message": ""}  # fmt: skip
+    completed(run, diff=diff_between(repo, baseline, ending), tree_tests=replay_tree)
+    judgment = reports.start_judgment(run=run, evaluator="tests", holder=processes.own_identity())
+    reports.judge_report(report_id=judgment.pk, requested_at=timezone.now())
+    judgment.refresh_from_db()
+    assert judgment.status == ReportStatus.REVIEW_FAILED
+    assert judgment.reason.startswith("The `tests` evaluator needs the verify command to pass")
+
+    client.force_login(user)
+    page = page_of(client, run)
+    tests = page[page.index('id="tests-title"') : page.index('id="changes-title"')]
+    # Baseline and historical ending (the shared review), and the replay's own tree.
+    assert tests.count("No module named tests.test_core") == 2
+    assert "ERROR collecting (the replay&#x27;s tree)" in tests
+    assert tests.count("compare-state-failed") == 3
+    # The review's reason, whole, in the verdict.
+    assert f"<pre class=\"callout-pre\">{escape(judgment.reason)}</pre>" in page
+
+
+@pytest.mark.django_db
+def test_a_report_stored_without_its_tests_shows_them_from_its_review(
+    client: Any, user: User, tmp_path: Path, settings: Any
+) -> None:
+    """Reports of failed reviews written before the tests were kept with them."""
+    settings.REPLAYS_RUN_ROOT = tmp_path / "runs"
+    repo, baseline, ending = make_git_repo(tmp_path / "git")
+    _, [run] = make_run_graph(
+        owner=user, repo=repo, baseline=baseline, ending=ending, models=["historical"],
+        verify_command=FAILING_VERIFY, evaluator="tests",
+    )  # fmt: skip
+    completed(run, diff=diff_between(repo, baseline, ending))
+    judgment = reports.start_judgment(run=run, evaluator="tests", holder=processes.own_identity())
+    reports.judge_report(report_id=judgment.pk, requested_at=timezone.now())
+    judgment.refresh_from_db()
+    data = dict(judgment.data)
+    del data["tests"]
+    Report.objects.filter(pk=judgment.pk).update(data=data)
+
+    client.force_login(user)
+    page = page_of(client, run)
+    tests = page[page.index('id="tests-title"') : page.index('id="changes-title"')]
+    # Baseline, historical ending, and the replay's tree (rebuilt from its diff and tested).
+    assert tests.count("No module named tests.test_core") == 3

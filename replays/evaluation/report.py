@@ -277,6 +277,8 @@ def _judge(report: Report, requested_at: datetime, beat: Tick) -> dict[str, Any]
         )
         base["review"] = _review_summary(review)
         if review.status != ReviewStatus.READY:
+            # What the verify command said on each tree is the cause a user looks for.
+            base["tests"] = _tests_document(review, replay_tests, {})
             return {**_review_failed(base, review.error), "review": review}
         kept_broken = judge.replay_tests(review.tests, replay_tests)
         base["tests"] = _tests_document(review, replay_tests, kept_broken)
@@ -466,6 +468,17 @@ def _review_summary(review: Review) -> dict[str, Any]:
         "cost_usd": _money(review.cost_usd),
         "seconds": review.seconds,
     }
+
+
+def tests_document_of(report: Report) -> dict[str, Any] | None:
+    """The tests part of a report that was stored without one (a review that failed before
+    this was kept): from its review and the run's own tree, as far as they were run."""
+    review = report.review
+    if review is None or not review.tests:
+        return None
+    tree = report.run.tree_tests
+    replay_tests = checks.TreeTests.from_dict(tree) if isinstance(tree, dict) else None
+    return _tests_document(review, replay_tests, {})
 
 
 def _tests_document(

@@ -258,7 +258,10 @@ def run_compare(request: HttpRequest, pk: int) -> HttpResponse:
             "figures": side_figures(document),
             "verdict_reasons": [str(item["reason"]) for item in verdicts],
             "checks": check_rows(document),
-            "tests": tests_view(document.get("tests")),
+            "tests": tests_view(
+                document.get("tests")
+                or (reports.tests_document_of(report) if report is not None else None)
+            ),
             "request_head": head,
             "request_rest": rest,
             "turns": turn_rows(run),
