@@ -162,3 +162,31 @@ def test_result_pages_ask_a_constant_number_of_queries(
             assert client.get(url).status_code == 200
         counts.append(len(queries))
     assert counts[0] == counts[1], counts
+
+
+def test_a_card_shows_the_first_line_of_a_reason_whole_and_links_to_the_rest(
+    logged_in_client: Any, user: User, tmp_path: Path
+) -> None:
+    """Cards cut reasons just before their cause; now the first line is whole and the rest
+    is a link away. A setup failure says it is not counted against the model."""
+    batch, [unjudged, setup] = graph(user, tmp_path, ["historical", "claude:sonnet"])
+    complete(unjudged)
+    cause = "ModuleNotFoundError: No module named 'tests.test_core'"
+    long_reason = "The `tests` evaluator needs the verify command to pass. " * 12 + cause
+    judge(unjudged, None, reason=long_reason + "\nsecond line")
+    Run.objects.filter(pk=setup.pk).update(
+        status=RunStatus.FAILED, phase=RunPhase.DONE, finished_at=timezone.now(),
+        failure_code="setup",
+        failure_message="Setup problem (not logged in): Not logged in · Please run /login\n"
+        "Fix: give it your login.",
+    )  # fmt: skip
+    page = logged_in_client.get(batch.get_absolute_url()).content.decode()
+    assert cause.replace("'", "&#x27;") in page
+    assert f"href=\"/runs/{unjudged.pk}/compare/\">The whole reason and the tests' output" in page
+    card = page[page.index(f'id="run-{setup.pk}"') :]
+    assert "Setup problem (not logged in): Not logged in · Please run /login" in card
+    assert "not counted against the model: setup (the user&#x27;s or the provider&#x27;s)" in card
+    assert f'<a href="/runs/{setup.pk}/">The whole message →</a>' in card
+    assert "Fix: give it your login." not in card  # on the run's page
+    run_page = logged_in_client.get(f"/runs/{setup.pk}/").content.decode()
+    assert "Fix: give it your login." in run_page

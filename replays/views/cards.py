@@ -20,12 +20,12 @@ from django.db.models import Count
 from django.urls import reverse
 from django.utils.dates import MONTHS_3
 from django.utils.safestring import SafeString
-from django.utils.text import Truncator
 from django.utils.timezone import localtime
 
 from replays import formatting
 from replays.models import (
     ACTIVE_RUN_STATUSES,
+    FailureOwner,
     LaunchError,
     Report,
     Run,
@@ -225,8 +225,14 @@ class RunCard:
 
     @property
     def not_judged_reason(self) -> str:
+        """The reason's first line, whole: its cause is often at its end."""
         report = self.report
-        return Truncator(report.reason).chars(400) if report is not None else ""
+        return _first_line(report.reason) if report is not None else ""
+
+    @property
+    def not_judged_more(self) -> bool:
+        report = self.report
+        return report is not None and _first_line(report.reason) != report.reason.strip()
 
     @property
     def judging(self) -> bool:
@@ -244,15 +250,28 @@ class RunCard:
     @property
     def launch_error_text(self) -> str:
         error = self.launch_error
-        return Truncator(error.message).chars(600) if error is not None else ""
+        return _first_line(error.message) if error is not None else ""
 
     @property
     def failure_title(self) -> str:
         return self.run.get_failure_code_display()
 
     @property
+    def failure_owner_note(self) -> str:
+        """Whose failure it is, when it is not the model's (the leaderboard leaves it out)."""
+        owner = self.run.failure_owner
+        if owner is None or owner == FailureOwner.MODEL:
+            return ""
+        return f"not counted against the model: {owner.label}"
+
+    @property
     def failure_text(self) -> str:
-        return Truncator(self.run.failure_message).chars(600)
+        """The message's first line, whole; the run's page has the rest."""
+        return _first_line(self.run.failure_message)
+
+    @property
+    def failure_more(self) -> bool:
+        return _first_line(self.run.failure_message) != self.run.failure_message.strip()
 
     @property
     def is_active(self) -> bool:
@@ -469,3 +488,8 @@ def batch_state(*, active: int, unreported: int) -> tuple[str, str]:
     if unreported:
         return "finished", "Finished · reviews pending"
     return "results_ready", "Results ready"
+
+
+def _first_line(text: str) -> str:
+    """The first non-blank line of a message, whole."""
+    return next((line.strip() for line in text.splitlines() if line.strip()), "")
