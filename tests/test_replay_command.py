@@ -146,6 +146,38 @@ def test_replay_json_reports_the_batch(replay_env, real_threads, sample_repo) ->
     body = json.loads(result.stdout)
     assert body["finished"] is True
     assert [run["status"] for run in body["runs"]] == ["completed"]
+    # Money is a number, as in the API (empty changes nothing: a known $0).
+    assert body["runs"][0]["cost_usd"] == 0 and isinstance(body["runs"][0]["cost_usd"], float)
+
+
+def test_a_failed_runs_reason_is_printed_whole_and_wrapped_to_the_terminal(
+    replay_env, real_threads, sample_repo, tmp_path
+) -> None:
+    """It printed "agent_error: The agent exited with code 1:" and dropped the reason."""
+    agents_file = tmp_path / "agents.json"
+    words = "the model wrote a very long explanation " * 8 + "AND THE CAUSE IS HERE AT THE END"
+    agents_file.write_text(
+        json.dumps(
+            {"failing": {"kind": "command", "models": ["any"],
+                         "command": [sys.executable, "-c",
+                                     f"import sys; print({words!r}); sys.exit(1)"]}}
+        )
+    )  # fmt: skip
+    thread = real_threads["claude-line-count"]
+    first = thread.turns.get(index=0)
+    result = replay(
+        {**replay_env, "REPLAYS_AGENTS_FILE": str(agents_file), "COLUMNS": "60"},
+        "--thread", str(thread.pk), "--from", first.message_uuid, "--model", "failing:any",
+        "--repository", str(sample_repo), "--user", "alice", "--evaluator", "tests",
+        "--verify-command", "true", "--yes", "--wait",
+    )  # fmt: skip
+    assert result.returncode == 1 and "did not complete" in result.stderr, result.stderr
+    table, _, why = result.stdout.partition("\n\nrun ")
+    assert why.startswith(f"{Run.objects.get().pk} failing:any: agent_error\n")
+    reason = why.split("\n")[1:]
+    assert reason[0] == "    The agent exited with code 1:"
+    assert all(len(line) <= 60 for line in reason)
+    assert " ".join(line.strip() for line in reason).strip().endswith("AND THE CAUSE IS HERE AT THE END")
 
 
 def _default_sigint() -> None:

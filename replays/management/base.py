@@ -8,12 +8,15 @@ lines that draw on purpose (a live display) use `raw`.
 
 from __future__ import annotations
 
+import json
 import re
+from decimal import Decimal
 from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.management.base import BaseCommand, CommandError, OutputWrapper
+from django.core.serializers.json import DjangoJSONEncoder
 
 from replays.processes import plain_text
 
@@ -25,6 +28,20 @@ def printable(text: str) -> str:
     """Text that cannot drive a terminal: no escape sequences or control characters but
     tab and newline, no bidi overrides."""
     return _MORE_CONTROLS.sub("", plain_text(text))
+
+
+class NumbersEncoder(DjangoJSONEncoder):
+    """JSON as the API writes it: money (Decimal) as numbers, not strings."""
+
+    def default(self, o: Any) -> Any:
+        if isinstance(o, Decimal):
+            return float(o)
+        return super().default(o)
+
+
+def json_text(body: Any) -> str:
+    """A command's --json output."""
+    return json.dumps(body, indent=2, cls=NumbersEncoder)
 
 
 class SafeOutput(OutputWrapper):

@@ -1,18 +1,16 @@
 from __future__ import annotations
 
-import json
 import signal
 import sys
 from types import FrameType
 from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
-from django.core.serializers.json import DjangoJSONEncoder
 from django.utils import timezone
 
 from replays import processes
 from replays.evaluation import report as reports
-from replays.management.base import ReplaysCommand
+from replays.management.base import ReplaysCommand, json_text
 from replays.models import Batch, Report, Run, RunStatus
 
 
@@ -60,8 +58,7 @@ class Command(ReplaysCommand):
         for number, run in enumerate(runs, 1):
             done.append(self.judge_one(run, info.id, requested_at, number, len(runs)))
         if options["json"]:
-            self.stdout.write(json.dumps([reports.brief(item) for item in done], indent=2,
-                                         cls=DjangoJSONEncoder))  # fmt: skip
+            self.stdout.write(json_text([reports.brief(item) for item in done]))
 
     def runs(self, run_id: int | None, batch_id: int | None) -> list[Run]:
         if run_id is not None:

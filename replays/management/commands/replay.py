@@ -2,19 +2,20 @@ from __future__ import annotations
 
 import json
 import shlex
+import shutil
 import sys
+import textwrap
 import time
 from pathlib import Path
 from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
-from django.core.serializers.json import DjangoJSONEncoder
 
 from replays import approval, dispatch, planning
 from replays.evaluation import report as reports
 from replays.formatting import DASH, duration, usd
-from replays.management.base import ReplaysCommand, command_user
-from replays.models import Batch, PlanStatus, Report, Run, RunStatus, Winner
+from replays.management.base import ReplaysCommand, command_user, json_text
+from replays.models import Batch, FailureOwner, PlanStatus, Report, Run, RunStatus, Winner
 
 POLL_SECONDS = 1.0
 # The option that answers each kind of question (its `field` in the API), and what it takes.
@@ -313,11 +314,28 @@ class Command(ReplaysCommand):
                 f"{run.files_changed:>5} {duration(run.wall_seconds):>8} {usd(run.cost_usd):>14} "
                 f"{score_text(report):>11} {winner_text(report):<12}"
             )
-            if run.failure_message:
-                lines.append(f"    {run.failure_code}: {run.failure_message.splitlines()[0][:100]}")
+        return "\n".join(lines + self.reasons(runs))
+
+    def reasons(self, runs: list[Run]) -> list[str]:
+        """Why each run failed or was not judged, whole, wrapped to the terminal's width."""
+        width = max(40, shutil.get_terminal_size(fallback=(100, 24)).columns)
+        lines: list[str] = []
+        for run in runs:
+            report = run.current_report
+            said = []
+            if run.failure_code:
+                owner = run.failure_owner
+                whose = "" if owner == FailureOwner.MODEL else f" ({owner.label}, not counted)"
+                said.append((f"{run.failure_code}{whose}", run.failure_message))
             if report is not None and report.winner is None:
-                lines.append(f"    not judged: {report.reason.splitlines()[0][:100]}")
-        return "\n".join(lines)
+                said.append(("not judged", report.reason))
+            for title, text in said:
+                lines += ["", f"run {run.pk} {run.model}: {title}"]
+                for paragraph in (text.strip() or "(no message)").splitlines():
+                    lines += textwrap.wrap(
+                        paragraph, width=width, initial_indent="    ", subsequent_indent="    "
+                    ) or [""]
+        return lines
 
     def print_json(self, batch: Batch) -> None:
         runs = [
@@ -344,7 +362,7 @@ class Command(ReplaysCommand):
             "results_ready": batch.results_ready,
             "runs": runs,
         }
-        self.stdout.write(json.dumps(body, indent=2, cls=DjangoJSONEncoder))
+        self.stdout.write(json_text(body))
 
     def fail_if_unfinished(self, batch: Batch) -> None:
         runs = list(batch.runs.all())
