@@ -807,6 +807,7 @@ def test_an_unjudged_run_shows_the_verify_output_of_every_tree_it_ran_on(
     judgment.refresh_from_db()
     assert judgment.status == ReportStatus.REVIEW_FAILED
     assert judgment.reason.startswith("The `tests` evaluator needs the verify command to pass")
+    assert judgment.evaluator_cost_usd == 0  # it asks no model: $0, not "unknown price"
 
     client.force_login(user)
     page = page_of(client, run)

@@ -88,7 +88,9 @@ def test_a_judged_card_shows_the_winner_and_history_against_the_replay(
         '<span class="wtl-win">0</span> / <span class="wtl-tie">1</span> / <span class="wtl-loss">1</span>'
         in page
     )
-    assert '$0.5000 <span class="versus-word">vs</span> $0.5000' in page
+    # History's cost counts once for the one request the three models replayed.
+    assert '$0.5000 <span class="versus-word">vs</span> $0.2500' in page
+    assert "history's for the same request (1, counted once)" in page
     assert "1 tie inconsistent" in page and "1 not judged" in page
     assert "$0.0300" in page  # three judgments at $0.01
 
@@ -190,3 +192,22 @@ def test_a_card_shows_the_first_line_of_a_reason_whole_and_links_to_the_rest(
     assert "Fix: give it your login." not in card  # on the run's page
     run_page = logged_in_client.get(f"/runs/{setup.pk}/").content.decode()
     assert "Fix: give it your login." in run_page
+
+
+def test_a_batch_where_nothing_was_judged_says_so_not_results_ready(
+    logged_in_client: Any, user: User, tmp_path: Path
+) -> None:
+    batch, runs = graph(user, tmp_path, ["historical", "empty"])
+    for run in runs:
+        complete(run)
+        judge(run, None)
+    page = logged_in_client.get(batch.get_absolute_url()).content.decode()
+    assert "Finished · not judged" in page and "Results ready" not in page
+    assert "no run was judged: each card says why" in page
+    listing = logged_in_client.get("/batches/").content.decode()
+    assert "Finished · not judged" in listing and "Results ready" not in listing
+    # One verdict is enough for results.
+    complete(runs[0])
+    Report.objects.filter(run=runs[0]).update(is_current=False)
+    judge(runs[0], "tie")
+    assert "Results ready" in logged_in_client.get(batch.get_absolute_url()).content.decode()

@@ -216,6 +216,9 @@ def judge_report(*, report_id: int, requested_at: datetime, tick: Tick | None = 
         mark_lost(report_id=report.pk, reason=_stop_reason(exc), only_if=_held_by(report))
         raise
     values["evaluator_seconds"] = round(time.monotonic() - started, 3)
+    if report.evaluator == evaluators.TESTS:
+        # It asks no model: it costs nothing, judged or not (a known $0, never "unknown").
+        values.setdefault("evaluator_cost_usd", Decimal(0))
     if not _finish(report, values):
         raise JudgmentGone()
     report.refresh_from_db()

@@ -16,7 +16,7 @@ from decimal import Decimal
 from functools import cached_property
 from typing import Any, NamedTuple
 
-from django.db.models import Count
+from django.db.models import Count, Exists, OuterRef, Q
 from django.urls import reverse
 from django.utils.dates import MONTHS_3
 from django.utils.safestring import SafeString
@@ -28,6 +28,7 @@ from replays.models import (
     FailureOwner,
     LaunchError,
     Report,
+    ReportStatus,
     Run,
     RunPhase,
     RunQuerySet,
@@ -420,9 +421,11 @@ class BatchResults:
     inconsistent: int
     not_judged: int
     replay_cost: Decimal | None
+    # Once per request, however many models replayed it.
     historical_cost: Decimal | None
     evaluator_cost: Decimal | None
     judged_runs: int
+    requests: int = 0  # the requests the judged runs replayed
 
     @property
     def any(self) -> bool:
@@ -446,15 +449,23 @@ def batch_results(cards: list[RunCard]) -> BatchResults:
         inconsistent=sum(1 for card in judged if card.inconsistent),
         not_judged=sum(1 for card in cards if card.report is not None and not card.judged),
         replay_cost=_total([card.run.cost_usd for card in judged]),
-        historical_cost=_total(
-            [
-                _decimal((report.data or {}).get("historical", {}).get("cost_usd"))
-                for report in reports
-            ]
-        ),
+        historical_cost=_total(list(_historical_costs(judged).values())),
         evaluator_cost=_evaluator_cost([card.report for card in cards if card.report]),
         judged_runs=len(judged),
+        requests=len(_historical_costs(judged)),
     )
+
+
+def _historical_costs(judged: list[RunCard]) -> dict[tuple[int, str, str], Decimal | None]:
+    """What history cost, once per request (thread and range), however many models
+    replayed it."""
+    return {
+        (card.run.thread_id, card.run.start_message_uuid, card.run.end_message_uuid): _decimal(
+            (card.report.data or {}).get("historical", {}).get("cost_usd")
+        )
+        for card in judged
+        if card.report is not None
+    }
 
 
 def _evaluator_cost(reports: list[Report]) -> Decimal | None:
@@ -469,24 +480,41 @@ def _evaluator_cost(reports: list[Report]) -> Decimal | None:
     return _total([report.evaluator_cost_usd for report in reports] + list(reviews.values()))
 
 
-def unreported_counts(batch_ids: list[int]) -> dict[int, int]:
-    """Completed runs still without a current report, per batch: the one definition behind
-    "reviews pending" on the batch list and on the batch page."""
-    return dict(
-        Run.objects.filter(batch__in=batch_ids, status=RunStatus.COMPLETED)
-        .filter(RunQuerySet.waiting_for_results())
-        .values("batch")
-        .annotate(count=Count("id"))
-        .values_list("batch", "count")
+class ResultCounts(NamedTuple):
+    unreported: int = 0  # completed runs still without a current report
+    judged: int = 0  # runs whose current report is judged
+
+
+def result_counts(batch_ids: list[int]) -> dict[int, ResultCounts]:
+    """Per batch, its runs waiting for a report and its judged runs: the one definition
+    behind "reviews pending" and "not judged" on the batch list and on the batch page."""
+    judged = Exists(
+        Report.objects.filter(run=OuterRef("pk"), is_current=True, status=ReportStatus.JUDGED)
     )
+    rows = (
+        Run.objects.filter(batch__in=batch_ids)
+        .values("batch")
+        .annotate(
+            unreported=Count(
+                "id",
+                filter=Q(status=RunStatus.COMPLETED) & RunQuerySet.waiting_for_results(),
+            ),
+            judged=Count("id", filter=Q(judged)),
+        )
+        .values_list("batch", "unreported", "judged")
+    )
+    return {batch: ResultCounts(unreported, judged) for batch, unreported, judged in rows}
 
 
-def batch_state(*, active: int, unreported: int) -> tuple[str, str]:
-    """(badge class, label) of a batch from its counts of active and unreported runs."""
+def batch_state(*, active: int, counts: ResultCounts) -> tuple[str, str]:
+    """(badge class, label) of a batch from its counts of active, unreported and judged runs."""
     if active:
         return "running", "In progress"
-    if unreported:
+    if counts.unreported:
         return "finished", "Finished · reviews pending"
+    if not counts.judged:
+        # Every run ended, and none has a verdict: nothing here answers the question yet.
+        return "not_judged", "Finished · not judged"
     return "results_ready", "Results ready"
 
 

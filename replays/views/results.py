@@ -27,11 +27,12 @@ from replays.models import (
     Thread,
 )
 from replays.views.cards import (
+    ResultCounts,
     RunCard,
     batch_results,
     batch_state,
+    result_counts,
     run_cards,
-    unreported_counts,
 )
 from replays.views.common import model_labels, safe_next
 
@@ -88,7 +89,7 @@ def batch_list(request: HttpRequest) -> HttpResponse:
         .order_by("-approved_at", "-id")
     )
     page = Paginator(batches, BATCHES_PER_PAGE).get_page(request.GET.get("page"))
-    unreported = unreported_counts([batch.pk for batch in page.object_list])
+    counts = result_counts([batch.pk for batch in page.object_list])
     titles: dict[int, list[Thread]] = {}
     runs = (
         Run.objects.filter(batch__in=[batch.pk for batch in page.object_list])
@@ -103,7 +104,9 @@ def batch_list(request: HttpRequest) -> HttpResponse:
     rows = []
     for batch in page.object_list:
         active = sum(getattr(batch, f"count_{value}") for value in ACTIVE_RUN_STATUSES)
-        state, state_label = batch_state(active=active, unreported=unreported.get(batch.pk, 0))
+        state, state_label = batch_state(
+            active=active, counts=counts.get(batch.pk, ResultCounts())
+        )
         rows.append(
             {
                 "batch": batch,
@@ -153,7 +156,7 @@ def batch_detail(request: HttpRequest, pk: int) -> HttpResponse:
         groups.setdefault(thread.pk, ThreadGroup(thread=thread, cards=[])).cards.append(card)
     active = sum(1 for run in runs if run.status in ACTIVE_RUN_STATUSES)
     state, state_label = batch_state(
-        active=active, unreported=unreported_counts([batch.pk]).get(batch.pk, 0)
+        active=active, counts=result_counts([batch.pk]).get(batch.pk, ResultCounts())
     )
     known = [run.cost_usd for run in runs if run.cost_usd is not None]
     finished_at = max((run.finished_at for run in runs if run.finished_at), default=None)
