@@ -211,3 +211,17 @@ def test_a_batch_where_nothing_was_judged_says_so_not_results_ready(
     Report.objects.filter(run=runs[0]).update(is_current=False)
     judge(runs[0], "tie")
     assert "Results ready" in logged_in_client.get(batch.get_absolute_url()).content.decode()
+
+
+def test_equal_shown_values_mark_no_side_better(
+    logged_in_client: Any, user: User, tmp_path: Path
+) -> None:
+    """"Time <1s vs <1s (better)" marked a winner a person cannot see."""
+    batch, [run] = graph(user, tmp_path, ["historical"])
+    complete(run, wall_seconds=0.6, cost_usd=Decimal("0.25"))
+    report = judge(run, "tie", score_replay=1.0)
+    report.data["historical"] = {"cost_usd": 0.25, "seconds": 0.3}
+    report.save()
+    page = logged_in_client.get(batch.get_absolute_url()).content.decode()
+    assert "(better)" not in page and "(worse)" not in page
+    assert page.count('class="better"') == 0

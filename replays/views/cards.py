@@ -61,6 +61,9 @@ class Comparison:
     def __post_init__(self) -> None:
         self.historical_text = self.text(HISTORICAL)
         self.replay_text = self.text(REPLAY)
+        if self.historical_text == self.replay_text:
+            # "<1s vs <1s": what a person reads is the same, so neither side is better.
+            self.better = None
         marks = {None: ("", ""), HISTORICAL: ("better", "worse"), REPLAY: ("worse", "better")}
         self.historical_class, self.replay_class = marks[self.better]
         self.historical_better = self.better == HISTORICAL
@@ -78,7 +81,8 @@ class Comparison:
     def better_words(self) -> str:
         """What the marks mean, for screen readers."""
         if self.better is None:
-            return "the same" if self.historical == self.replay else "not comparable"
+            same = self.historical == self.replay or self.historical_text == self.replay_text
+            return "the same" if same else "not comparable"
         return f"{'history' if self.better == HISTORICAL else 'the replay'} did better"
 
 
