@@ -164,10 +164,13 @@ class ReplayForm(forms.Form):
         thread: Thread,
         model_infos: list[ModelInfo],
         evaluator_infos: list[EvaluatorInfo],
+        known_clones: list[dict[str, str]] | None = None,
         **kwargs: Any,
     ):
         super().__init__(*args, **kwargs)
         self.thread = thread
+        # Offered up front when the thread's folder is not a repository here (planning).
+        self.known_clones = known_clones or []
         self.model_infos = model_infos
         self.fields["models"].choices = [(info.id, info.label) for info in model_infos]
         self.fields["evaluator"].choices = [("", "Default (decided by prepare)")] + [
@@ -191,6 +194,15 @@ class ReplayForm(forms.Form):
         for name in ("repository", "baseline_commit", "ending_commit", "verify_command"):
             self.fields[name].widget.attrs.update(autocomplete="off", spellcheck="false")
         self.fields["repository"].widget.attrs["placeholder"] = thread.cwd or "/path/to/clone"
+        if self.known_clones:
+            first = self.known_clones[0]
+            self.fields["repository"].initial = first["repository"]
+            self.fields["repository"].widget.attrs["list"] = "known-clones"
+            self.fields["repository"].help_text = (
+                f"The thread's folder {thread.cwd or '(none recorded)'} is not a git repository "
+                f"here; {first['repository']} is {first['reason']}"
+                + (" (more in the list)." if len(self.known_clones) > 1 else ".")
+            )
 
     def model_options(self) -> list[dict[str, Any]]:
         """The checkboxes: baselines first (with what they calibrate), then the agents' models."""

@@ -940,6 +940,14 @@ def known_clones(*, owner: AbstractBaseUser, thread: Thread) -> list[dict[str, s
     return [{"repository": path, "reason": reason} for path, reason in found.items()]
 
 
+def repository_suggestions(*, owner: AbstractBaseUser, thread: Thread) -> list[dict[str, str]]:
+    """The known clones to offer up front when the thread's folder is not a repository here
+    (prepare would ask); [] when the folder is one."""
+    if thread.cwd and _work_tree_top(thread.cwd) is not None:
+        return []
+    return known_clones(owner=owner, thread=thread)
+
+
 def _work_tree_top(path: str) -> str | None:
     """The path when it is the top of a git work tree here (a folder inside one is no
     clone) under the repository roots."""

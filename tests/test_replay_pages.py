@@ -29,7 +29,7 @@ from replays.models import (
     RunStatus,
     Thread,
 )
-from tests.conftest import manifest_session
+from tests.conftest import SAMPLE_BUNDLE, manifest_session
 from tests.run_factories import make_run_graph
 
 pytestmark = pytest.mark.django_db
@@ -721,3 +721,21 @@ def test_batch_list_is_paginated(logged_in_client: Any, user: User, tmp_path: Pa
 def test_batch_list_without_batches_explains_how_to_start(logged_in_client: Any) -> None:
     page = logged_in_client.get(BATCH_LIST_URL).content.decode()
     assert "No batches yet" in page
+
+
+def test_the_form_offers_the_known_clone_up_front_when_the_threads_folder_is_not_a_repository(
+    logged_in_client: Any, real_threads: dict[str, Thread], settings: Any, tmp_path: Path
+) -> None:
+    """The demo's threads name a folder that is not on this machine; the form showed that
+    folder, and the clone only came up after prepare asked."""
+    import subprocess
+
+    settings.REPLAYS_VAR_DIR = tmp_path
+    clone = tmp_path / "sample-repo"
+    subprocess.run(["git", "clone", "-q", str(SAMPLE_BUNDLE), str(clone)], check=True)
+    thread = real_threads["claude-line-count"]
+    page = logged_in_client.get(thread.get_absolute_url()).content.decode()
+    assert f'name="repository" value="{clone}"' in page
+    assert 'list="known-clones"' in page
+    assert f'<option value="{clone}">the demo clone</option>' in page
+    assert f"The thread&#x27;s folder {thread.cwd} is not a git repository here" in page

@@ -154,12 +154,13 @@ def _thread_page(
     return render(request, "replays/thread_detail.html", context, status=status)
 
 
-def _replay_form(thread: Thread, data: Any = None) -> ReplayForm:
+def _replay_form(thread: Thread, user: Any, data: Any = None) -> ReplayForm:
     return ReplayForm(
         data,
         thread=thread,
         model_infos=agents.discover_models(),
         evaluator_infos=evaluators.discover_evaluators(),
+        known_clones=planning.repository_suggestions(owner=user, thread=thread),
     )
 
 
@@ -172,7 +173,9 @@ def _thread_page_refused(request: HttpRequest, refused: RefusedBody, pk: int) ->
         "a form may send, so none of it was read and the fields below are back to their "
         "defaults. Fill them in again."
     )
-    return _thread_page(request, thread, _replay_form(thread), status=413, body_error=message)
+    return _thread_page(
+        request, thread, _replay_form(thread, request.user), status=413, body_error=message
+    )
 
 
 @login_required
@@ -182,8 +185,8 @@ def thread_detail(request: HttpRequest, pk: int) -> HttpResponse:
     """The thread, its turns, and the form that prepares a replay of them."""
     thread = get_object_or_404(Thread.objects.visible_to(request.user), pk=pk)
     if request.method != "POST":
-        return _thread_page(request, thread, _replay_form(thread))
-    form = _replay_form(thread, request.POST)
+        return _thread_page(request, thread, _replay_form(thread, request.user))
+    form = _replay_form(thread, request.user, request.POST)
     if form.is_valid():
         try:
             prepared = planning.prepare_plan(
