@@ -27,7 +27,7 @@ tests/node/node_modules/.installed: tests/node/package.json tests/node/package-l
 
 demo: install
 	$(BIN)/python manage.py migrate --no-input
-	$(BIN)/python manage.py setup_demo
+	$(BIN)/python manage.py setup_demo --url http://$(HOST):$(PORT)/
 	@echo "Starting the django-q2 cluster and the web server on http://$(HOST):$(PORT)/ (Ctrl-C stops both)"
 	@$(BIN)/python manage.py qcluster & cluster=$$!; \
 	trap 'kill $$cluster 2>/dev/null; wait $$cluster 2>/dev/null' EXIT INT TERM; \

@@ -27,13 +27,18 @@ class Command(ReplaysCommand):
         parser.add_argument("--username", default="demo")
         parser.add_argument("--samples", type=Path, default=SAMPLES)
         parser.add_argument(
+            "--url",
+            default="http://127.0.0.1:8000/",
+            help="Where the demo's web server listens (make demo passes its HOST and PORT).",
+        )
+        parser.add_argument(
             "--no-replay",
             action="store_true",
             help="Do not replay the sample thread (by default it is replayed once, with the "
             "two calibration baselines judged by the sample's own tests).",
         )
 
-    def handle(self, *args: Any, username: str, samples: Path, **options: Any) -> None:
+    def handle(self, *args: Any, username: str, samples: Path, url: str, **options: Any) -> None:
         # The demo user first: the sample threads are theirs.
         user, created = User.objects.get_or_create(username=username)
         summary = importing.ImportSummary()
@@ -54,7 +59,7 @@ class Command(ReplaysCommand):
         verb = "Created" if created else "Reset the password of"
         self.stdout.write(
             self.style.SUCCESS(
-                f"{verb} the local user '{username}'. Log in at http://127.0.0.1:8000/ "
+                f"{verb} the local user '{username}'. Log in at {url} "
                 f"with username {username} and password {password}"
             )
         )
