@@ -46,15 +46,17 @@ def copy_checkout(target: Path) -> Path:
     return target
 
 
-def users_environment(cache: Path) -> dict[str, str]:
-    """This environment as a user's shell has it: none of our test settings. The user's
-    cache folder (where the demo's run folders go) is made private to the test."""
+def users_environment(home: Path) -> dict[str, str]:
+    """This environment as a user's shell has it: none of our test settings, and a home
+    of the test's own (the agents' sessions are looked for there, the demo's run folders
+    go in its cache)."""
     env = {
         key: value
         for key, value in os.environ.items()
-        if key not in NOT_A_USERS and not key.startswith(("REPLAYS_", "PYTEST_"))
+        if key not in NOT_A_USERS and not key.startswith(("REPLAYS_", "PYTEST_", "XDG_"))
     }
-    env["XDG_CACHE_HOME"] = str(cache)
+    home.mkdir(parents=True, exist_ok=True)
+    env["HOME"] = str(home)
     return env
 
 
@@ -138,9 +140,10 @@ class Demo:
 
 @contextmanager
 def running_demo(folder: Path) -> Iterator[Demo]:
-    """A fresh copy of the checkout in `folder`/replays, `make demo` running in it."""
+    """A fresh copy of the checkout in `folder`/replays, `make demo` running in it, with
+    `folder`/home as the user's home."""
     root = copy_checkout(folder / "replays")
-    demo = Demo(root, users_environment(folder / "cache"))
+    demo = Demo(root, users_environment(folder / "home"))
     try:
         demo.start()
         yield demo

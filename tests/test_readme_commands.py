@@ -15,6 +15,7 @@ from __future__ import annotations
 import http.cookiejar
 import json
 import re
+import shutil
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
@@ -52,9 +53,17 @@ def examples_starting(prefix: str) -> list[str]:
     return [command for command in shell_examples() if command.startswith(prefix)]
 
 
+# A session the user's own Claude Code left where it keeps them (a fixture of ours).
+USERS_SESSION = ROOT / "tests/fixtures/transcripts/edge/claude_compaction.jsonl"
+
+
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Demo]:
-    with running_demo(tmp_path_factory.mktemp("fresh-clone")) as started:
+    folder = tmp_path_factory.mktemp("fresh-clone")
+    projects = folder / "home" / ".claude" / "projects" / "-home-user-project"
+    projects.mkdir(parents=True)
+    shutil.copy(USERS_SESSION, projects / USERS_SESSION.name)
+    with running_demo(folder) as started:
         yield started
 
 
@@ -122,7 +131,7 @@ def test_the_import_examples_run_as_written(demo: Demo) -> None:
     where_tools_keep, from_paths = examples_starting(".venv/bin/python manage.py import_threads")
     done = demo.shell(where_tools_keep)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert done.stdout.strip().endswith("0 lines skipped."), done.stdout
+    assert "1 files: 1 new, 0 updated, 0 unchanged, 0 failed" in done.stdout, done.stdout
     done = demo.shell(from_paths)
     assert done.returncode == 0, done.stdout + done.stderr
     # The demo imported these already: nothing new, nothing failed.

@@ -40,6 +40,8 @@ class Command(ReplaysCommand):
         parser.add_argument("--json", action="store_true", help="Print the reports as JSON.")
 
     def handle(self, *args: Any, **options: Any) -> None:
+        # With --json, stdout is the JSON alone: progress goes to stderr.
+        self.progress = self.stderr if options["json"] else self.stdout
         runs = self.runs(options["run"], options["batch"])
         approved = options["yes"]
         info = self.judgeable(runs[0], options["evaluator"], approved=True)
@@ -93,7 +95,9 @@ class Command(ReplaysCommand):
         self, run: Run, evaluator: str, requested_at: Any, number: int, total: int
     ) -> Report:
         self.judgeable(run, evaluator, approved=True)
-        self.stdout.write(f"[{number}/{total}] run {run.pk} {run.model}: judging with {evaluator}…")
+        self.progress.write(
+            f"[{number}/{total}] run {run.pk} {run.model}: judging with {evaluator}…"
+        )
         try:
             judging = reports.start_judgment(
                 run=run, evaluator=evaluator, holder=processes.own_identity()
@@ -108,7 +112,7 @@ class Command(ReplaysCommand):
             ) from None
         except _Stopped as exc:
             raise CommandError(f"Stopped: {exc}. Report {judging.pk} is marked lost.") from None
-        self.stdout.write(f"    {self.describe(done)}")
+        self.progress.write(f"    {self.describe(done)}")
         return done
 
     def describe(self, report: Report) -> str:
