@@ -390,21 +390,13 @@ def _verify_program_resolved(command: str, configurations: list[dict[str, Any]])
     words = shlex.split(command)
     if not words or "/" not in words[0] or words[0].startswith("/"):
         return command
-    named = [item.get("repository") for item in configurations]
-    if not all(named) or len(set(named)) != 1:
+    named = {item.get("repository") or "" for item in configurations}
+    repository = Path(named.pop()) if len(named) == 1 else None
+    if repository is None or not repository.is_absolute() or not access.under_roots(repository):
         raise PlanInputError(
             f"The verify command's program {words[0]} is a relative path, and the plan names "
-            "no repository to take it from: give `repository`, or an absolute path to the "
-            "program.",
-            code="verify_program_relative",
-            details={"field": "verify_command", "program": words[0]},
-        )
-    repository = Path(str(named[0]))
-    if not repository.is_absolute() or not access.under_roots(repository):
-        raise PlanInputError(
-            f"The verify command's program {words[0]} is a relative path: give the "
-            "repository as an absolute path under the repository roots, or an absolute "
-            "path to the program.",
+            "no repository (one, absolute, under the repository roots) to take it from: give "
+            "`repository`, or an absolute path to the program.",
             code="verify_program_relative",
             details={"field": "verify_command", "program": words[0]},
         )
