@@ -523,7 +523,19 @@ def leaderboard(*, user: Any, filters: Filters, with_choices: bool = True) -> Le
     for (in_evaluator, version), count in judged.items():
         if in_evaluator == evaluator:
             versions[version or ""] += count
-    prompt_version = filters.prompt_version or _most_used(versions)
+    # Nothing judged by it yet: the version of its other reports (failed reviews), so
+    # they still show as not counted.
+    prompt_version = (
+        filters.prompt_version
+        or _most_used(versions)
+        or _most_used(
+            Counter(
+                entry[VERSION]
+                for entry in entries
+                if entry[EVALUATOR] == evaluator and entry[VERSION]
+            )
+        )
+    )
     in_view = [
         entry
         for entry in entries
