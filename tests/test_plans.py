@@ -441,3 +441,35 @@ def test_cancel_of_a_queued_run_is_immediate_and_idempotent(
     whole = api_client.post(f"/api/batches/{batch['id']}/cancel").json()
     assert {run["status"] for run in whole["runs"]} == {RunStatus.CANCELLED}
     assert whole["finished"] is True
+
+
+CHANGES = {
+    "models reordered": lambda config: {**config, "models": ["empty", "historical"]},
+    "a longer timeout": lambda config: {**config, "timeout_seconds": config["timeout_seconds"] + 60},
+    "another verify command": lambda config: {**config, "verify_command": "true"},
+    "another evaluator": lambda config: {**config, "evaluator": "tests"},
+    "other test paths": lambda config: {**config, "test_paths": ["spec/**"]},
+    "another context": lambda config: {**config, "context": "digest"},
+    "another range": lambda config: {
+        **config,
+        "configurations": [{**config["configurations"][0], "end_message_uuid": "other"}],
+    },
+    "another repository": lambda config: {
+        **config,
+        "configurations": [{**config["configurations"][0], "repository": "/elsewhere"}],
+    },
+}
+
+
+@pytest.mark.parametrize("change", sorted(CHANGES))
+def test_any_field_changed_since_prepare_is_refused_and_nothing_runs(
+    api_client, real_threads, sample_repo, change: str
+) -> None:
+    """A second guard of the exact approval: whatever field differs, 409 and no batch; the
+    configuration as prepared is then still accepted (the token was not used up)."""
+    plan = prepare(api_client, line_count_config(real_threads, sample_repo))
+    response = approve(api_client, plan, run_config=CHANGES[change](plan["run_config"]))
+    assert response.status_code == 409, response.json()
+    assert response.json()["error"]["code"] == "configuration_changed"
+    assert Batch.objects.count() == 0 and Run.objects.count() == 0
+    assert approve(api_client, plan).status_code == 201
