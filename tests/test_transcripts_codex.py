@@ -316,3 +316,50 @@ def test_a_truncated_last_codex_line_is_a_problem(tmp_path: Path) -> None:
     assert thread.problems == [LineProblem(line_count, thread.problems[0].message)]
     assert thread.problems[0].message.startswith("truncated last line")
     assert len(thread.turns) == 3
+
+
+# --- what real sessions of other people showed (issue 18) ---------------------------
+
+
+def test_a_rolled_back_turn_is_marked_and_its_usage_still_counted() -> None:
+    thread = parse("codex_rolled_back.jsonl")
+
+    assert [(t.request, t.rolled_back) for t in thread.turns] == [
+        ("Draft the grant application [$apply](/skills/apply.md)", True),
+        ("Draft the grant application", False),
+    ]
+    assert thread.turns[0].usage == TokenUsage(
+        input_tokens=2100 - 900, cache_read_tokens=900, output_tokens=70
+    )
+    assert thread.turns[1].usage == TokenUsage(
+        input_tokens=1200 - 900, cache_read_tokens=900, output_tokens=50
+    )
+
+
+def test_each_request_past_a_long_context_size_is_counted_by_its_own_input() -> None:
+    thread = parse("codex_long_context.jsonl")
+
+    (turn,) = thread.turns
+    short = TokenUsage(input_tokens=50_000, cache_read_tokens=100_000, output_tokens=2_000)
+    long_1 = TokenUsage(input_tokens=10_000, cache_read_tokens=270_000, output_tokens=1_000)
+    long_2 = TokenUsage(input_tokens=10_000, cache_read_tokens=290_000, output_tokens=4_000)
+    assert turn.usage_by_model == {"gpt-5.5": short + long_1 + long_2}
+    # 280k and 300k of input passed 272k; the repeated total added nothing.
+    assert turn.long_context_usage["gpt-5.5"][272_000] == long_1 + long_2
+    assert turn.long_context_usage["gpt-5.5"][128_000] == short + long_1 + long_2
+    assert 512_000 not in turn.long_context_usage["gpt-5.5"]
+
+
+def test_usage_before_the_first_prompt_is_kept_on_the_thread(tmp_path: Path) -> None:
+    lines = (EDGE / "codex_rolled_back.jsonl").read_text().splitlines()
+    usage_line = next(line for line in lines if '"token_count"' in line)
+    prompt = next(n for n, line in enumerate(lines) if '"user_message"' in line)
+    # A token_count written before the first prompt (a resumed file's first lines).
+    lines.insert(prompt, usage_line)
+    path = tmp_path / "rollout.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+
+    thread = parse_transcript(path)
+
+    assert thread.pre_turn_usage_by_model == {"gpt-5.5": TokenUsage(1000, 40, 0, 0, 0)}
+    assert len(thread.turns) == 2
