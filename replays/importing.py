@@ -272,6 +272,8 @@ def import_files(
     jobs = sum(1 for item in planned if isinstance(item, tuple))
     count = min(workers or os.cpu_count() or 1, jobs)
     context = _fork_context()
+    if count > 1 and context:
+        price_table()  # read once, before the workers fork: each inherits it
     pool = ProcessPoolExecutor(count, mp_context=context) if count > 1 and context else None
     synchronous = _relaxed_sqlite_sync()
     try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import posixpath
+from bisect import bisect_left
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -182,12 +183,17 @@ def add_request(
     decides which long-context sizes it passed."""
     previous = usage_by_model.get(model)
     usage_by_model[model] = usage if previous is None else previous + usage
-    size = usage.input_size if input_size is None else input_size
-    if size > LONG_CONTEXT_THRESHOLDS[0] and usage.total:
-        by_size = long_context.setdefault(model, {})
-        for threshold in LONG_CONTEXT_THRESHOLDS:
-            if size <= threshold:
-                break
+    if input_size is None:
+        input_size = (
+            usage.input_tokens + usage.cache_read_tokens
+            + usage.cache_write_5m_tokens + usage.cache_write_1h_tokens
+        )  # fmt: skip
+    passed = bisect_left(LONG_CONTEXT_THRESHOLDS, input_size)  # the sizes it is above
+    if passed:
+        by_size = long_context.get(model)
+        if by_size is None:
+            by_size = long_context[model] = {}
+        for threshold in LONG_CONTEXT_THRESHOLDS[:passed]:
             counted = by_size.get(threshold)
             by_size[threshold] = usage if counted is None else counted + usage
 
