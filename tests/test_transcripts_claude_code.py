@@ -746,3 +746,51 @@ def test_the_fast_path_reads_mutated_transcripts_as_the_general_path_does(conten
         path.write_bytes(content)
         fast, general = both_ways(path)
     assert fast == general
+
+
+# --- every line kind real files hold (Claude Code 1.0 to 2.1.x) -------------------------
+
+LINE_KINDS = (
+    "mode", "agent-name", "custom-title", "attachment", "queue-operation", "ai-title",
+    "progress", "permission-mode", "last-prompt", "file-history-snapshot", "system",
+)  # fmt: skip
+
+
+def turns_of(thread: Any) -> list[tuple[object, ...]]:
+    return [
+        (t.request, t.usage_by_model, t.final_answer, t.evidence.items, t.last_answer_at)
+        for t in thread.turns
+    ]
+
+
+@pytest.mark.parametrize("kind", LINE_KINDS)
+def test_each_line_kind_of_real_files_is_read_and_makes_no_turn(kind: str, tmp_path: Path) -> None:
+    source = EDGE / "claude_line_kinds.jsonl"
+    lines = source.read_text().splitlines()
+    kept = [line for line in lines if json.loads(line)["type"] != kind]
+    assert len(kept) < len(lines), f"the fixture has no {kind} line"
+    path = tmp_path / source.name
+    path.write_text("\n".join(kept) + "\n")
+
+    thread, without = parse_transcript(source), parse_transcript(path)
+
+    assert thread.problems == [] and without.problems == []
+    assert thread.lines_read == len(lines)
+    # The lines of the kind change no request, usage, answer or evidence...
+    assert turns_of(thread) == turns_of(without)
+    assert [t.request for t in thread.turns] == ["Map the public API of atlas."]
+    # ...and only the two title kinds change the title.
+    if kind not in ("custom-title", "ai-title"):
+        assert without.title == thread.title
+
+
+def test_a_custom_title_wins_over_the_ai_title_and_an_agent_name_is_no_title() -> None:
+    thread = parse("claude_line_kinds.jsonl")
+
+    assert thread.title == "Atlas API map"  # /rename's custom-title
+    assert (thread.cli_version, thread.cwd) == ("2.1.185", "/home/dev/atlas")
+    # A prompt typed while the agent worked, handed over as a queued_command attachment,
+    # is part of the running turn (its usage and answer), not a turn of its own.
+    (turn,) = thread.turns
+    assert turn.usage == TokenUsage(42, 55, 8200, 0, 200)
+    assert turn.final_answer == "Two public functions: load and save."

@@ -363,3 +363,33 @@ def test_usage_before_the_first_prompt_is_kept_on_the_thread(tmp_path: Path) -> 
 
     assert thread.pre_turn_usage_by_model == {"gpt-5.5": TokenUsage(1000, 40, 0, 0, 0)}
     assert len(thread.turns) == 2
+
+
+@pytest.mark.parametrize(
+    ("kind", "event"), [("world_state", None), ("event_msg", "thread_settings_applied")]
+)
+def test_codex_line_kinds_of_new_releases_are_read_and_change_nothing(
+    kind: str, event: str | None, tmp_path: Path
+) -> None:
+    source = EDGE / "codex_line_kinds.jsonl"
+    lines = source.read_text().splitlines()
+
+    def of_kind(line: str) -> bool:
+        value = json.loads(line)
+        return value["type"] == kind and (event is None or value["payload"]["type"] == event)
+
+    kept = [line for line in lines if not of_kind(line)]
+    assert len(kept) < len(lines)
+    path = tmp_path / source.name
+    path.write_text("\n".join(kept) + "\n")
+
+    thread, without = parse_transcript(source), parse_transcript(path)
+
+    assert thread.problems == [] and thread.lines_read == len(lines)
+    assert [(t.request, t.usage_by_model, t.final_answer) for t in thread.turns] == [
+        (t.request, t.usage_by_model, t.final_answer) for t in without.turns
+    ]
+    assert thread.turns[0].usage_by_model == {
+        "gpt-5.5": TokenUsage(input_tokens=1100, cache_read_tokens=800, output_tokens=70)
+    }
+    assert (thread.cli_version, thread.git_commit) == ("0.144.5", "fed321")
