@@ -47,7 +47,7 @@ def at(seconds: float) -> datetime:
     )
 
 
-# --- real transcripts written by claude 2.1.197 -----------------------------------
+# --- real transcripts written by claude 2.1.332 -----------------------------------
 
 
 def real_sessions() -> list[dict[str, Any]]:
@@ -66,7 +66,7 @@ def test_real_transcript_matches_the_manifest(session: dict[str, Any]) -> None:
     assert thread.session_id == session["session_id"]
     assert thread.cwd == session["cwd"]
     assert thread.git_branch == session["branch"]
-    assert thread.cli_version == "2.1.197"
+    assert thread.cli_version == "2.1.332"
     assert thread.git_commit == ""
     assert thread.problems == []
     assert [t.request for t in thread.turns] == [t["request"] for t in session["turns"]]

@@ -85,7 +85,7 @@ def test_real_session_file_matches_the_manifest(session: dict[str, Any]) -> None
 def test_real_usage_is_the_same_from_token_count_totals_alone(
     session: dict[str, Any], tmp_path: Path
 ) -> None:
-    # 0.169.0 writes a token_usage_record per response; older releases only
+    # 0.169.0 and later write a token_usage_record per response; older releases only
     # token_count events. Without the records the totals give the same figures.
     lines = (REAL / session["path"]).read_text().splitlines()
     path = tmp_path / Path(session["path"]).name
