@@ -24,7 +24,9 @@ Sessions (the `fork` context and ranges turn by turn): a fork's first turn adds 
 SESSION --fork-session`, the cut historical transcript copied first to
 `claude-home/.claude/projects/<slug of the folder claude runs in>/SESSION.jsonl` (Claude
 looks there, by the file's name); each later turn of a range adds `--resume ID`, the
-session the first turn's result line named. Each result line counts its own process.
+session the first turn's result line named. Each result line counts its own process
+(2.1.3xx: its `model_usage_since_last_result`; its modelUsage and total_cost_usd are then
+the whole session's).
 
 With stream-json Claude writes one JSON event a line on stdout; the run's log also
 holds its stderr, so lines that are not JSON are kept as plain text. The last event
