@@ -179,7 +179,12 @@ class ReplayForm(forms.Form):
         self.fields["evaluator"].widget.disabled_values = {
             info.id for info in evaluator_infos if not info.available
         }
-        turns = list(thread.turns.order_by("index").only("index", "message_uuid", "request"))
+        # A request the user rolled back is not offered: the thread went on without it.
+        turns = list(
+            thread.turns.filter(rolled_back=False)
+            .order_by("index")
+            .only("index", "message_uuid", "request")
+        )
         choices = [
             (turn.message_uuid, f"#{turn.index + 1} · {first_line(turn.request)}") for turn in turns
         ]

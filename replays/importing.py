@@ -49,6 +49,7 @@ from replays.transcripts import (
     parse_transcript,
     store,
 )
+from replays.transcripts.base import LongContextUsage
 
 logger = logging.getLogger(__name__)
 
@@ -206,9 +207,9 @@ def prepare_file(
         prepared.error = f"{path}: cannot read ({exc.strerror})."
         return prepared
     table = price_table()
-    prices: dict[str, pricing.ModelPrice | None] = {}
+    prices: dict[str, pricing.PriceMatch | None] = {}
     values = [_turn_values(turn, table, prices) for turn in parsed.turns]
-    prepared.totals = _totals(values)
+    prepared.totals = _totals(values, _pre_turn_values(parsed, table, prices))
     prepared.turn_rows = _turn_rows(values)
     parsed.turns = []  # not sent twice from the worker
     prepared.parsed = parsed
@@ -271,6 +272,8 @@ def import_files(
     jobs = sum(1 for item in planned if isinstance(item, tuple))
     count = min(workers or os.cpu_count() or 1, jobs)
     context = _fork_context()
+    if count > 1 and context:
+        price_table()  # read once, before the workers fork: each inherits it
     pool = ProcessPoolExecutor(count, mp_context=context) if count > 1 and context else None
     synchronous = _relaxed_sqlite_sync()
     try:
@@ -625,30 +628,60 @@ def _save_thread(
 
 # Turn's columns as the workers hand them over, the JSON ones already serialised.
 TURN_COLUMNS = (
-    "index", "message_uuid", "timestamp", "request", "models_used", "usage_by_model",
-    *TOKEN_FIELDS, "cost_usd", "seconds", "model_seconds", "last_answer_at", "evidence",
-    "final_answer",
+    "index", "message_uuid", "timestamp", "request", "request_as_sent", "rolled_back",
+    "models_used", "usage_by_model", "long_context_usage", "priced_as", *TOKEN_FIELDS,
+    "cost_usd", "seconds", "model_seconds", "last_answer_at", "evidence", "final_answer",
 )  # fmt: skip
-JSON_COLUMNS = frozenset({"models_used", "usage_by_model", "evidence"})
+JSON_COLUMNS = frozenset(
+    {"models_used", "usage_by_model", "long_context_usage", "priced_as", "evidence"}
+)
+
+
+def usage_json(usage_by_model: dict[str, TokenUsage]) -> dict[str, dict[str, int]]:
+    return {model: usage.as_dict() for model, usage in usage_by_model.items()}
+
+
+def long_context_json(long_context: LongContextUsage) -> dict[str, dict[str, dict[str, int]]]:
+    """LongContextUsage as JSON: the sizes become keys ("200000")."""
+    return {
+        model: {str(size): usage.as_dict() for size, usage in by_size.items()}
+        for model, by_size in long_context.items()
+    }
+
+
+def usage_from_json(raw: dict[str, dict[str, int]]) -> dict[str, TokenUsage]:
+    return {model: TokenUsage(**usage) for model, usage in raw.items()}
+
+
+def long_context_from_json(raw: dict[str, dict[str, dict[str, int]]]) -> LongContextUsage:
+    return {
+        model: {int(size): TokenUsage(**usage) for size, usage in by_size.items()}
+        for model, by_size in raw.items()
+    }
 
 
 def _turn_values(
-    turn: ParsedTurn, table: pricing.PriceTable, prices: dict[str, pricing.ModelPrice | None]
+    turn: ParsedTurn, table: pricing.PriceTable, prices: dict[str, pricing.PriceMatch | None]
 ) -> dict[str, Any]:
     usage = turn.usage
+    cost, priced_as = _turn_cost(turn.usage_by_model, turn.long_context_usage, table, prices)
     return {
         "index": turn.index,
         "message_uuid": turn.message_uuid,  # unique and within the column (the parsers see to it)
         "timestamp": turn.timestamp,
         "request": turn.request,
+        "request_as_sent": turn.request_as_sent,
+        "rolled_back": turn.rolled_back,
         "models_used": turn.models,
-        "usage_by_model": {model: u.as_dict() for model, u in turn.usage_by_model.items()},
+        "usage_by_model": usage_json(turn.usage_by_model),
+        "long_context_usage": long_context_json(turn.long_context_usage),
+        "priced_as": priced_as,
         "input_tokens": usage.input_tokens,
         "output_tokens": usage.output_tokens,
         "cache_read_tokens": usage.cache_read_tokens,
         "cache_write_5m_tokens": usage.cache_write_5m_tokens,
         "cache_write_1h_tokens": usage.cache_write_1h_tokens,
-        "cost_usd": _turn_cost(turn.usage_by_model, table, prices),
+        "cost_usd": cost,
         "seconds": turn.seconds,
         "model_seconds": turn.model_seconds,
         "last_answer_at": turn.last_answer_at,
@@ -759,43 +792,70 @@ def _as_is(text: str) -> str:
 
 def _turn_cost(
     usage_by_model: dict[str, TokenUsage],
+    long_context: LongContextUsage,
     table: pricing.PriceTable,
-    prices: dict[str, pricing.ModelPrice | None] | None = None,
-) -> Decimal | None:
-    """pricing.turn_cost_usd, with each model's price looked up once per file (`prices`
-    keeps them: a lookup tries several spellings of the name)."""
+    prices: dict[str, pricing.PriceMatch | None] | None = None,
+) -> tuple[Decimal | None, dict[str, str | None]]:
+    """pricing.turn_cost_usd and pricing.priced_as in one pass, with each model matched once
+    per file (`prices` keeps the matches: a match tries several spellings of the name)."""
     # Always from the price table (not an old transcript's own costUSD), so that
     # update_prices can re-price every turn the same way.
-    if not any(usage.total for usage in usage_by_model.values()):
-        return Decimal(0)
-    if prices is None:
-        return pricing.turn_cost_usd(usage_by_model, table)
-    total = Decimal(0)
+    prices = {} if prices is None else prices
+    total: Decimal | None = Decimal(0)
+    entries: dict[str, str | None] = {}
     for model, usage in usage_by_model.items():
         if usage.total == 0:
             continue
         if model not in prices:
-            prices[model] = table.lookup(model)
-        price = prices[model]
-        if price is None:
-            return None  # one unknown model makes the turn's cost unknown
-        total += price.cost_usd(usage)
-    return total
+            prices[model] = table.match(model)
+        found = prices[model]
+        entries[model] = found.entry if found is not None else None
+        if found is None:
+            total = None  # one unknown model makes the turn's cost unknown
+        elif total is not None:
+            total += found.price.cost_usd(usage, long_context.get(model))
+    return total, entries
 
 
-def _totals(turns: list[dict[str, Any]]) -> dict[str, object]:
+def _pre_turn_values(
+    parsed: ParsedThread, table: pricing.PriceTable, prices: dict[str, pricing.PriceMatch | None]
+) -> dict[str, Any]:
+    """The usage no turn served, as the Thread's pre_turn_* fields and its sums."""
+    cost, priced_as = _turn_cost(
+        parsed.pre_turn_usage_by_model, parsed.pre_turn_long_context_usage, table, prices
+    )
+    usage = sum(parsed.pre_turn_usage_by_model.values(), TokenUsage())
+    return {
+        "pre_turn_usage_by_model": usage_json(parsed.pre_turn_usage_by_model),
+        "pre_turn_long_context_usage": long_context_json(parsed.pre_turn_long_context_usage),
+        "cost_usd": cost,
+        "priced_as": priced_as,
+        "models_used": list(parsed.pre_turn_usage_by_model),
+        **usage.as_dict(),
+    }
+
+
+def _totals(turns: list[dict[str, Any]], pre_turn: dict[str, Any]) -> dict[str, object]:
+    """The thread's fields summed from its turns and the usage before them."""
     seconds = [turn["seconds"] for turn in turns if turn["seconds"] is not None]
     model_seconds = [turn["model_seconds"] for turn in turns if turn["model_seconds"] is not None]
-    models: list[str] = []
+    models: list[str] = list(pre_turn["models_used"])
+    priced_as = dict(pre_turn["priced_as"])
     for turn in turns:
         models += [m for m in turn["models_used"] if m not in models]
+        for model, entry in turn["priced_as"].items():
+            priced_as.setdefault(model, entry)
     return {
-        **{name: sum(turn[name] for turn in turns) for name in TOKEN_FIELDS},
-        "cost_usd": _total_cost([turn["cost_usd"] for turn in turns]),
+        **{name: sum(turn[name] for turn in turns) + pre_turn[name] for name in TOKEN_FIELDS},
+        "cost_usd": _total_cost([turn["cost_usd"] for turn in turns] + [pre_turn["cost_usd"]]),
         "seconds": sum(seconds) if seconds else None,
         "model_seconds": sum(model_seconds) if model_seconds else None,
         "turn_count": len(turns),
         "models_used": models,
+        "priced_as": priced_as,
+        "pre_turn_usage_by_model": pre_turn["pre_turn_usage_by_model"],
+        "pre_turn_long_context_usage": pre_turn["pre_turn_long_context_usage"],
+        "pre_turn_cost_usd": pre_turn["cost_usd"],
     }
 
 
@@ -805,20 +865,37 @@ def _total_cost(costs: list[Decimal | None]) -> Decimal | None:
 
 
 def recompute_costs() -> int:
-    """Re-price every turn and thread with the current price table; returns threads changed."""
+    """Re-price every turn and thread with the current price table (each request by its own
+    input size, as at import); returns the threads whose cost changed."""
     table = price_table()
     changed = 0
+    prices: dict[str, pricing.PriceMatch | None] = {}
     for thread in Thread.objects.all().iterator():
         with transaction.atomic():
             turns = list(thread.turns.all())
             for turn in turns:
-                usage_by_model = {m: TokenUsage(**u) for m, u in turn.usage_by_model.items()}
-                turn.cost_usd = _turn_cost(usage_by_model, table)
-            Turn.objects.bulk_update(turns, ["cost_usd"])
-            cost = _total_cost([turn.cost_usd for turn in turns])
+                turn.cost_usd, turn.priced_as = _turn_cost(
+                    usage_from_json(turn.usage_by_model),
+                    long_context_from_json(turn.long_context_usage),
+                    table,
+                    prices,
+                )
+            Turn.objects.bulk_update(turns, ["cost_usd", "priced_as"])
+            pre_turn_cost, priced_as = _turn_cost(
+                usage_from_json(thread.pre_turn_usage_by_model),
+                long_context_from_json(thread.pre_turn_long_context_usage),
+                table,
+                prices,
+            )
+            for turn in turns:
+                for model, entry in turn.priced_as.items():
+                    priced_as.setdefault(model, entry)
+            cost = _total_cost([turn.cost_usd for turn in turns] + [pre_turn_cost])
             if cost != thread.cost_usd:
-                Thread.objects.filter(pk=thread.pk).update(cost_usd=cost)
                 changed += 1
+            Thread.objects.filter(pk=thread.pk).update(
+                cost_usd=cost, pre_turn_cost_usd=pre_turn_cost, priced_as=priced_as
+            )
     return changed
 
 

@@ -144,6 +144,22 @@ class Thread(TokenTotals):
     source_mtime_ns = models.BigIntegerField(null=True, blank=True)
     turn_count = models.PositiveIntegerField(default=0)
     models_used = models.JSONField(default=list, blank=True)
+    # The price table's entry that priced each model, over all turns: {model: entry}, the
+    # entry null when none matched (the cost is then unknown).
+    priced_as = models.JSONField(default=dict, blank=True)
+    # Usage no turn served (work before the first request; a session whose only prompts
+    # were not requests), as Turn.usage_by_model and Turn.long_context_usage. The token
+    # fields and cost_usd above count it, so they are the sum of every usage in the file.
+    pre_turn_usage_by_model = models.JSONField(default=dict, blank=True)
+    pre_turn_long_context_usage = models.JSONField(default=dict, blank=True)
+    # Its cost; null when its price is unknown.
+    pre_turn_cost_usd = models.DecimalField(
+        max_digits=USD_MAX_DIGITS,
+        decimal_places=USD_DECIMAL_PLACES,
+        null=True,
+        blank=True,
+        default=0,
+    )
     seconds = models.FloatField(null=True, blank=True)
     # Time the model spent answering (summed over turns); null when the transcript does not tell.
     model_seconds = models.FloatField(null=True, blank=True)
@@ -202,10 +218,21 @@ class Turn(TokenTotals):
     index = models.PositiveIntegerField()
     message_uuid = models.CharField(max_length=200)
     timestamp = models.DateTimeField()
+    # What the user typed (a command as typed, without an IDE's blocks): pages and titles.
     request = models.TextField()
+    # The request as the agent received it when that is more (the IDE's blocks around it,
+    # a command's expanded text); "" when it was `request` itself. See `sent_request`.
+    request_as_sent = models.TextField(blank=True, default="")
+    # The user rolled this turn back (Codex): the thread went on as if it had not stood.
+    rolled_back = models.BooleanField(default=False)
     # Models in the order they first answered; usage per model keeps costs recomputable.
     models_used = models.JSONField(default=list, blank=True)
     usage_by_model = models.JSONField(default=dict, blank=True)
+    # The part of that usage spent by requests whose own input passed each long-context size
+    # ({model: {"200000": usage}}, transcripts.base.LongContextUsage): what tiered prices need.
+    long_context_usage = models.JSONField(default=dict, blank=True)
+    # The price table's entry that priced each model ({model: entry or null}).
+    priced_as = models.JSONField(default=dict, blank=True)
     # Seconds from the request to the last answer that served it; null if never answered.
     seconds = models.FloatField(null=True, blank=True)
     # Time the model spent answering: each response from its request to its last line.
@@ -232,6 +259,11 @@ class Turn(TokenTotals):
 
     def __str__(self) -> str:
         return f"{self.thread} #{self.index + 1}"
+
+    @property
+    def sent_request(self) -> str:
+        """The request as the historical agent received it: what a replay sends."""
+        return self.request_as_sent or self.request
 
 
 class PlanStatus(models.TextChoices):

@@ -582,15 +582,23 @@ def resolve_thread(
 
     `transcript_sha256` saves hashing the transcript again when the caller already has it."""
     selected, following = _range(thread, item)
+    # What each historical agent received (an IDE's blocks, a command's expansion
+    # included); a request the user rolled back is not replayed as if it had stood.
+    stood = [turn.sent_request for turn in selected if not turn.rolled_back]
     prep = ThreadPreparation(
         thread_id=thread.pk,
         start_message_uuid=selected[0].message_uuid,
         end_message_uuid=selected[-1].message_uuid,
-        request=item["request"] or REQUEST_SEPARATOR.join(turn.request for turn in selected),
-        requests=[item["request"]] if item["request"] else [turn.request for turn in selected],
+        request=item["request"] or REQUEST_SEPARATOR.join(stood),
+        requests=[item["request"]] if item["request"] else stood,
         transcript_sha256=transcript_sha256 or transcript_digest(thread),
     )
-    if not prep.request.strip():
+    if not item["request"] and not stood:
+        prep.blockers.append(
+            f"Thread {thread.pk}: the user rolled back every selected request "
+            "(the thread went on without them)."
+        )
+    elif not prep.request.strip():
         prep.blockers.append(f"Thread {thread.pk}: the selected requests are empty.")
     given_repository = item["repository"]
     candidate = given_repository or thread.cwd

@@ -435,6 +435,34 @@ def test_sub_agent_tokens_missing_from_usage_come_from_model_usage(tmp_path: Pat
     assert "sub-agents: 2,000 tokens" in outcome.notes[0]
 
 
+def test_a_resumed_sessions_result_counts_this_invocation_only(tmp_path: Path) -> None:
+    # Claude Code 2.1.3xx, the second invocation of a resumed session: `usage` and
+    # model_usage_since_last_result are this invocation's (20 in, 5 out, 200 read);
+    # modelUsage and total_cost_usd are the whole session's, the first invocation included.
+    result = {
+        **RESULT_SUCCESS,
+        "total_cost_usd": 0.0003,
+        "usage": {"input_tokens": 20, "output_tokens": 5, "cache_read_input_tokens": 200},
+        "modelUsage": {
+            "claude-sonnet-4-5": {
+                "inputTokens": 30, "outputTokens": 8, "cacheReadInputTokens": 300,
+                "cacheCreationInputTokens": 0, "costUSD": 0.0003,
+            }
+        },
+        "model_usage_since_last_result": {
+            "claude-sonnet-4-5": {
+                "inputTokens": 20, "outputTokens": 5, "cacheReadInputTokens": 200,
+                "cacheCreationInputTokens": 0, "costUSD": 0.000195,
+            }
+        },
+    }  # fmt: skip
+    outcome = adapter().outcome(context_for(tmp_path, [line(result)]), exit_code=0)
+
+    assert outcome.usage == TokenUsage(input_tokens=20, output_tokens=5, cache_read_tokens=200)
+    assert outcome.cost_usd == Decimal("0.000195")
+    assert not any("sub-agents" in note for note in outcome.notes)
+
+
 def test_permission_denials_are_noted(tmp_path: Path) -> None:
     denial = {
         "tool_name": "Bash",
@@ -634,7 +662,7 @@ def test_the_real_binary_is_available_with_its_version(settings: Any) -> None:
     settings.REPLAYS_AGENTS = {"claude": claude_entry(claude)}
     info = agents.resolve_model(MODEL_ID)
     assert info.available and info.reason == ""
-    assert info.version == "2.1.197 (Claude Code)"
+    assert info.version == "2.1.332 (Claude Code)"
     typed = agents.resolve_model("claude:claude-opus-4-5")  # typed by hand, not listed
     assert typed.available and typed.model == "claude-opus-4-5"
 
@@ -749,11 +777,9 @@ def replay(
 
 def result_line(run: Run) -> dict[str, Any]:
     log = Path(run.run_dir) / "agent.log"
-    results = [
-        json.loads(text)
-        for text in log.read_text().splitlines()
-        if text.startswith('{"type":"result"')
-    ]
+    # Each line is one JSON event (2.1.3xx writes "type" last in the result line).
+    events = [json.loads(text) for text in log.read_text().splitlines() if text.startswith("{")]
+    results = [event for event in events if event.get("type") == "result"]
     assert len(results) == 1, log.read_text()[-3000:]
     return results[0]
 
@@ -884,7 +910,7 @@ def test_a_replay_with_claude_edits_the_worktree_and_reports_its_own_usage(
     # The log tail reads like a log.
     tail = run.log_tail.split("\n")
     assert (
-        "Claude Code 2.1.197 started: model claude-sonnet-4-5, permission mode acceptEdits" in tail
+        "Claude Code 2.1.332 started: model claude-sonnet-4-5, permission mode acceptEdits" in tail
     )
     assert f"Read {core}" in tail and f"Edit {core}" in tail
     assert "Bash: echo 'line_count added' > CHANGES.txt && cat CHANGES.txt" in tail
@@ -1006,7 +1032,7 @@ def test_a_model_that_never_answers_times_out_and_the_tree_is_gone(
     assert agent_pid in reaper
     assert not [pid for pid in reaper if still_running(pid)]
     assert isinstance(server.responses[0].step, Hang)
-    assert "Claude Code 2.1.197 started" in run.log_tail
+    assert "Claude Code 2.1.332 started" in run.log_tail
 
 
 @pytest.mark.cli
@@ -1014,7 +1040,9 @@ def test_cancel_during_a_tool_call_stops_claude_and_its_command(
     replay: Replay, reaper: set[int]
 ) -> None:
     script = anthropic_server.by_prompt(
-        {REQUEST_KEY: [shell("sleep 30"), Text("Slept.")]}, fallback=Text("ok")
+        # 2.1.3xx refuses a sleep that starts a command ("Blocked: standalone sleep 30").
+        {REQUEST_KEY: [shell("echo waiting && sleep 30"), Text("Slept.")]},
+        fallback=Text("ok"),
     )
     with AnthropicServer(script) as server:
         replay.configure(server)
@@ -1050,7 +1078,7 @@ def test_cancel_during_a_tool_call_stops_claude_and_its_command(
     assert run.failure_code == ""
     assert len(reaper) >= 3  # claude, the shell it started, sleep
     assert not [pid for pid in reaper if still_running(pid)]
-    assert "Bash: sleep 30" in run.log_tail
+    assert "Bash: echo waiting && sleep 30" in run.log_tail
 
 
 @pytest.mark.cli

@@ -118,9 +118,12 @@ def test_thread_detail_lists_turns(
         "index",
         "timestamp",
         "request",
+        "request_as_sent",
+        "rolled_back",
         "models",
         "tokens",
         "cost_usd",
+        "priced_as",
         "seconds",
         "model_seconds",
     }

@@ -359,7 +359,8 @@ def test_the_codex_cut_ends_with_the_turn_before_and_keeps_the_thread_totals(
         if v["type"] == "event_msg" and v["payload"].get("type") == "token_count"
     ][-1]
     assert fork.base_usage == last_count and fork.base_usage["input_tokens"] == 39400
-    assert (fork.file_name, fork.day_folder) == (Path(thread.source_path).name, "2026/11/29")
+    source = Path(thread.source_path)  # sessions/YYYY/MM/DD/rollout-...jsonl
+    assert (fork.file_name, fork.day_folder) == (source.name, "/".join(source.parts[-4:-1]))
 
 
 @pytest.mark.parametrize("name", ["claude-cli", "codex-char-count"])

@@ -217,6 +217,7 @@ def check_parsed(thread: ParsedThread, content: bytes) -> None:
         text.encode("utf-8")  # no lone surrogate
     for kind in TOKEN_FIELDS:
         counts = [getattr(u, kind) for t in thread.turns for u in t.usage_by_model.values()]
+        counts += [getattr(u, kind) for u in thread.pre_turn_usage_by_model.values()]
         assert all(count >= 0 for count in counts)
         assert sum(counts) <= MAX_THREAD_TOKENS
 
@@ -281,12 +282,14 @@ def import_and_check(path: Path, content: bytes, api_client: Any) -> None:
     thread = Thread.objects.get()
     turns = list(thread.turns.all())
     assert len(turns) == thread.turn_count == result.turns
+    # The thread counts every usage: its turns' and the work before its first turn.
     for kind in TOKEN_FIELDS:
-        assert getattr(thread, kind) == sum(getattr(turn, kind) for turn in turns)
-    costs = [turn.cost_usd for turn in turns]
+        before = sum(usage[kind] for usage in thread.pre_turn_usage_by_model.values())
+        assert getattr(thread, kind) == sum(getattr(turn, kind) for turn in turns) + before
+    costs = [turn.cost_usd for turn in turns] + [thread.pre_turn_cost_usd]
     if None not in costs:
         # Each figure is stored rounded to micro-dollars; the thread's from its exact sum.
-        assert abs(thread.cost_usd - sum(costs)) <= Decimal("0.000001") * len(turns)
+        assert abs(thread.cost_usd - sum(costs)) <= Decimal("0.000001") * len(costs)
     else:
         assert thread.cost_usd is None
     check_parsed(parse_transcript(path), content)

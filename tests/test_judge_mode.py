@@ -678,11 +678,9 @@ def test_real_claude_answers_with_the_structured_output_call_in_one_request(
     assert judged.usage == TokenUsage(
         input_tokens=40, output_tokens=30, cache_read_tokens=500, cache_write_5m_tokens=60
     )
-    [result] = [
-        json.loads(text)
-        for text in task.log_path.read_text().splitlines()
-        if text.startswith('{"type":"result"')
-    ]
+    # One JSON event a line (2.1.3xx writes "type" last in the result line).
+    events = [json.loads(t) for t in task.log_path.read_text().splitlines() if t.startswith("{")]
+    [result] = [event for event in events if event.get("type") == "result"]
     assert judged.cost_usd == Decimal(str(result["total_cost_usd"])) > 0
     assert judged.model_seconds == round(result["duration_api_ms"] / 1000, 3)
     assert result["structured_output"] == VERDICT

@@ -15,11 +15,14 @@ import pytest
 
 from replays.pricing import (
     BUNDLED_PRICES,
+    FREE_ENTRY,
     ModelPrice,
     PriceTable,
+    PriceTier,
     cost_usd,
     load_price_table,
     price_table_from_litellm,
+    priced_as,
     round_usd,
     save_price_table,
     turn_cost_usd,
@@ -27,11 +30,18 @@ from replays.pricing import (
 from replays.transcripts import TokenUsage, parse_transcript
 
 REAL = Path(__file__).parent / "fixtures" / "transcripts" / "real"
+EDGE = Path(__file__).parent / "fixtures" / "transcripts" / "edge"
 D = Decimal
 
 
-def price(input: str, output: str, read: str, write_5m: str, write_1h: str) -> ModelPrice:
-    return ModelPrice(D(input), D(output), D(read), D(write_5m), D(write_1h))
+def price(
+    input: str, output: str, read: str, write_5m: str, write_1h: str, *tiers: PriceTier
+) -> ModelPrice:
+    return ModelPrice(D(input), D(output), D(read), D(write_5m), D(write_1h), tiers)
+
+
+def tier(above: int, input: str, output: str, read: str, write_5m: str, write_1h: str) -> PriceTier:
+    return PriceTier(above, D(input), D(output), D(read), D(write_5m), D(write_1h))
 
 
 # --- the bundled table ------------------------------------------------------------------
@@ -51,7 +61,11 @@ def test_bundled_table_records_its_source_and_date() -> None:
     [
         ("claude-sonnet-4-5", price("3", "15", "0.3", "3.75", "6")),
         ("claude-sonnet-4-5-20250929", price("3", "15", "0.3", "3.75", "6")),
-        ("claude-sonnet-4-20250514", price("3", "15", "0.3", "3.75", "6")),
+        # LiteLLM lists Sonnet 4 only as a Bedrock id, with its 1M-context tier.
+        (
+            "claude-sonnet-4-20250514",
+            price("3", "15", "0.3", "3.75", "6", tier(200_000, "6", "22.5", "0.6", "7.5", "12")),
+        ),
         ("claude-opus-4-5-20251101", price("5", "25", "0.5", "6.25", "10")),
         ("claude-opus-4-1-20250805", price("15", "75", "1.5", "18.75", "30")),
         ("claude-opus-4-20250514", price("15", "75", "1.5", "18.75", "30")),
@@ -63,7 +77,11 @@ def test_bundled_table_records_its_source_and_date() -> None:
         ("gpt-5.1-codex-mini", price("0.25", "2", "0.025", "0.3125", "0.5")),
         ("gpt-5.2", price("1.75", "14", "0.175", "2.1875", "3.5")),
         ("gpt-5.3-codex", price("1.75", "14", "0.175", "2.1875", "3.5")),
-        ("gpt-5.5", price("5", "30", "0.5", "6.25", "10")),
+        # Above 272k of input: 2x input and cached input, 1.5x output.
+        (
+            "gpt-5.5",
+            price("5", "30", "0.5", "6.25", "10", tier(272_000, "10", "45", "1", "12.5", "20")),
+        ),
     ],
 )
 def test_bundled_prices_match_the_vendors(model: str, expected: ModelPrice) -> None:
@@ -182,6 +200,154 @@ def test_real_session_costs_agree_with_ccusage(path: str, ccusage_cost: float) -
     assert float(sum(costs, D(0))) == pytest.approx(ccusage_cost, rel=1e-9)
 
 
+# --- long-context tiers: each request priced by its own input ---------------------------
+
+
+def test_a_long_request_is_priced_whole_at_its_tier() -> None:
+    gpt = price("5", "30", "0.5", "6.25", "10", tier(272_000, "10", "45", "1", "12.5", "20"))
+    short = TokenUsage(input_tokens=50_000, cache_read_tokens=100_000, output_tokens=2_000)
+    long = TokenUsage(input_tokens=10_000, cache_read_tokens=270_000, output_tokens=1_000)
+
+    assert gpt.request_cost_usd(short) == D("0.36")  # 150k of input: base prices
+    # 280k of input: every token of it at the tier's prices, not only those past 272k.
+    assert gpt.request_cost_usd(long) == D("0.415")
+    # The same from a turn's sums: all its usage, and the part from requests past 272k.
+    assert gpt.cost_usd(short + long, {272_000: long}) == D("0.775")
+    # Without the long requests' part every request is a short one (the old, low figure).
+    assert gpt.cost_usd(short + long) == D("0.575")
+
+
+def test_requests_between_two_tiers_are_priced_at_the_lower_one() -> None:
+    model = price(
+        "1", "2", "0.1", "1.25", "2",
+        tier(128_000, "2", "4", "0.2", "2.5", "4"),
+        tier(256_000, "3", "6", "0.3", "3.75", "6"),
+    )  # fmt: skip
+    small, middle, large = (TokenUsage(input_tokens=n) for n in (100_000, 200_000, 300_000))
+    above = {128_000: middle + large, 256_000: large}
+
+    # 100k at $1, 200k at $2, 300k at $3 per million.
+    assert model.cost_usd(small + middle + large, above) == D("0.1") + D("0.4") + D("0.9")
+
+
+def test_turn_costs_use_the_long_context_part_of_each_model() -> None:
+    table = PriceTable(
+        source="t",
+        date="2026-01-01",
+        prices={"gpt-5.5": price("5", "30", "0.5", "6.25", "10", tier(272_000, "10", "45", "1", "12.5", "20"))},
+    )  # fmt: skip
+    long = TokenUsage(input_tokens=300_000)
+
+    assert turn_cost_usd({"gpt-5.5": long}, table, {"gpt-5.5": {272_000: long}}) == D("3")
+    assert turn_cost_usd({"gpt-5.5": long}, table) == D("1.5")
+
+
+def test_the_long_context_fixture_costs_what_its_requests_cost() -> None:
+    # Three requests of gpt-5.5: 150k, 280k and 300k of input (LiteLLM: $5 / $0.50 / $30 a
+    # million, $10 / $1 / $45 for a request past 272k). Priced by request: 0.36 + 0.415 +
+    # 0.57; as if every request were short: 0.89.
+    (turn,) = parse_transcript(EDGE / "codex_long_context.jsonl").turns
+
+    assert turn_cost_usd(turn.usage_by_model, long_context=turn.long_context_usage) == D("1.345")
+
+
+def test_a_tier_at_a_size_transcripts_are_not_read_for_is_refused() -> None:
+    with pytest.raises(ValueError, match="above 150000 tokens"):
+        tier(150_000, "1", "1", "1", "1", "1")
+
+
+# --- matching model ids as ccusage does ------------------------------------------------------
+
+
+FAMILY = PriceTable(
+    source="t",
+    date="2026-01-01",
+    prices={
+        "zai/glm-5.1": price("1.4", "4.4", "0.26", "0", "2.8"),
+        "dashscope/glm-5.1": price("9", "9", "9", "9", "9"),
+        "kyma/glm-5.1": price("9", "9", "9", "9", "9"),
+        "claude-opus-4": price("15", "75", "1.5", "18.75", "30"),
+        "claude-opus-4-6": price("5", "25", "0.5", "6.25", "10"),
+        "vertex_ai/claude-opus-4-6": price("9", "9", "9", "9", "9"),
+        "nebius/nvidia/nemotron-3-super-120b-a12b": price("0.3", "0.9", "0.06", "0.375", "0.6"),
+        "anthropic.claude-v2:1": price("8", "24", "8", "10", "16"),
+    },
+)
+
+
+@pytest.mark.parametrize(
+    ("model", "entry"),
+    [
+        # The same model under a provider: the shortest id among providers.
+        ("glm-5.1", "zai/glm-5.1"),
+        ("GLM-5.1", "zai/glm-5.1"),
+        # An id that extends a model's: the model's own entry before a provider's.
+        ("claude-opus-4-6-thinking", "claude-opus-4-6"),
+        ("claude-opus-4-6-20260101", "claude-opus-4-6"),
+        # A date of 8 digits extends the model; a provider's prefix is dropped.
+        ("nvidia/nemotron-3-super-120b-a12b-20230311", "nebius/nvidia/nemotron-3-super-120b-a12b"),
+        # Another version is another model, never the one it starts like.
+        ("claude-opus-4-7", None),
+        ("claude-opus-4-5-20251101", None),
+        ("glm-5", None),
+        ("fake-model-9000", None),
+        # A name of one word (Bedrock's "anthropic.claude-v2:1" reads as "claude") is no
+        # family: it matches only itself, never every Claude.
+        ("claude-mystery-4-5", None),
+    ],
+)
+def test_model_ids_are_matched_to_the_entry_of_their_model(model: str, entry: str | None) -> None:
+    found = FAMILY.match(model)
+
+    assert (found.entry if found else None) == entry
+    if found is not None:
+        assert found.price == FAMILY.prices[entry]
+
+
+def test_a_free_variant_costs_nothing_and_says_so() -> None:
+    model = "nvidia/nemotron-3-super-120b-a12b-20230311:free"
+    usage = {model: TokenUsage(input_tokens=40_000, output_tokens=900)}
+
+    assert turn_cost_usd(usage, FAMILY) == D("0")
+    assert priced_as(usage, FAMILY) == {model: FREE_ENTRY}
+
+
+def test_priced_as_names_each_models_entry_and_none_for_an_unknown_one() -> None:
+    usage = {
+        "glm-5.1": TokenUsage(input_tokens=1),
+        "mystery-model": TokenUsage(input_tokens=1),
+        "unused": TokenUsage(),
+    }
+
+    assert priced_as(usage, FAMILY) == {"glm-5.1": "zai/glm-5.1", "mystery-model": None}
+    assert turn_cost_usd(usage, FAMILY) is None  # unknown, never $0
+
+
+@pytest.mark.parametrize(
+    ("model", "entry"),
+    [
+        ("glm-5.1", "zai/glm-5.1"),
+        ("glm-5", "zai/glm-5"),
+        ("glm-4.7", "zai/glm-4.7"),
+        ("claude-opus-4-6-thinking", "claude-opus-4-6"),
+        ("gpt-5.6-sol", "gpt-5.6-sol"),
+        ("openai/gpt-5.5", "gpt-5.5"),
+    ],
+)
+def test_the_bundled_table_prices_models_beyond_claude_and_gpt(model: str, entry: str) -> None:
+    found = load_price_table().match(model)
+
+    assert found is not None and found.entry == entry
+
+
+def test_the_bundled_table_holds_chat_models_only() -> None:
+    prices = load_price_table().prices
+
+    assert len(prices) > 3000
+    assert "text-embedding-3-large" not in prices  # an embedding model
+    assert "zai/glm-5.1" in prices and "gpt-5.6-sol" in prices
+
+
 # --- LiteLLM files ---------------------------------------------------------------------------
 
 
@@ -216,6 +382,59 @@ def test_litellm_file_becomes_a_table_in_dollars_per_million() -> None:
     # Missing cache-write prices: 1.25x (5m) and 2x (1h) input.
     assert table.prices["gpt-5"] == price("1.25", "10", "0.125", "1.5625", "2.5")
     assert table.prices["claude-sonnet-latest"] == table.prices["claude-sonnet-4-5"]
+
+
+def test_litellm_long_context_prices_become_tiers() -> None:
+    data = {
+        "gpt-x": {
+            "mode": "responses",
+            "input_cost_per_token": 5e-06,
+            "output_cost_per_token": 3e-05,
+            "cache_read_input_token_cost": 5e-07,
+            "input_cost_per_token_above_272k_tokens": 1e-05,
+            "output_cost_per_token_above_272k_tokens": 4.5e-05,
+            "cache_read_input_token_cost_above_272k_tokens": 1e-06,
+            "input_cost_per_token_above_272k_tokens_priority": 2e-05,  # another service tier
+        },
+        # Bands instead of per-field prices (some providers' models).
+        "qwen-x": {
+            "mode": "chat",
+            "tiered_pricing": [
+                {"range": [0, 256000.0], "input_cost_per_token": 1e-06, "output_cost_per_token": 2e-06},
+                {"range": [256000.0, 1000000.0], "input_cost_per_token": 3e-06, "output_cost_per_token": 6e-06},
+            ],
+        },
+        # A size transcripts are not read for: left out, the base price kept.
+        "odd-x": {
+            "input_cost_per_token": 1e-06,
+            "output_cost_per_token": 1e-06,
+            "input_cost_per_token_above_64k_tokens": 2e-06,
+        },
+        "embedder": {"mode": "embedding", "input_cost_per_token": 1e-07, "output_cost_per_token": 0},
+    }  # fmt: skip
+
+    table = price_table_from_litellm(data, source="t")
+
+    assert set(table.prices) == {"gpt-x", "qwen-x", "odd-x"}
+    assert table.prices["gpt-x"] == price(
+        "5", "30", "0.5", "6.25", "10", tier(272_000, "10", "45", "1", "12.5", "20")
+    )
+    assert table.prices["qwen-x"] == price(
+        "1", "2", "1", "1.25", "2", tier(256_000, "3", "6", "3", "3.75", "6")
+    )
+    assert table.prices["odd-x"].tiers == ()
+
+
+def test_saved_tiers_load_back(tmp_path: Path) -> None:
+    table = PriceTable(
+        source="t", date="2026-01-01",
+        prices={"m": price("1", "2", "0.1", "1.25", "2", tier(200_000, "2", "3", "0.2", "2.5", "4"))},
+    )  # fmt: skip
+    path = tmp_path / "prices.json"
+
+    save_price_table(table, path)
+
+    assert load_price_table(path).prices == table.prices
 
 
 def test_litellm_entries_without_a_cache_read_price_charge_input() -> None:

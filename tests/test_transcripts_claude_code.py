@@ -47,7 +47,7 @@ def at(seconds: float) -> datetime:
     )
 
 
-# --- real transcripts written by claude 2.1.197 -----------------------------------
+# --- real transcripts written by claude 2.1.332 -----------------------------------
 
 
 def real_sessions() -> list[dict[str, Any]]:
@@ -66,7 +66,7 @@ def test_real_transcript_matches_the_manifest(session: dict[str, Any]) -> None:
     assert thread.session_id == session["session_id"]
     assert thread.cwd == session["cwd"]
     assert thread.git_branch == session["branch"]
-    assert thread.cli_version == "2.1.197"
+    assert thread.cli_version == "2.1.332"
     assert thread.git_commit == ""
     assert thread.problems == []
     assert [t.request for t in thread.turns] == [t["request"] for t in session["turns"]]
@@ -340,6 +340,144 @@ def test_first_request_title_is_one_line_of_at_most_120_characters(tmp_path: Pat
     assert thread.turns[0].request == request  # the request itself is kept whole
 
 
+# --- what real sessions of other people showed (issue 18) ---------------------------
+
+
+SONNET = "claude-sonnet-4-5-20250929"
+
+
+def test_background_task_notifications_are_not_requests() -> None:
+    # Claude Code 2.1.x hands the model a background task's events (the Monitor tool) as
+    # user lines with origin "task-notification"; one real session had 89 turns for 15
+    # typed prompts.
+    thread = parse("claude_task_notifications.jsonl")
+
+    assert [t.request for t in thread.turns] == [
+        "Watch the test run and tell me when it ends.",
+        "Thanks. Now make the slow test faster.",
+    ]
+    # The answers to the notifications (and to one written without an origin) serve the
+    # request that started the monitor.
+    assert thread.turns[0].usage == TokenUsage(input_tokens=55, output_tokens=42)
+    assert thread.turns[0].final_answer == "The monitor stopped."
+    assert thread.turns[1].usage == TokenUsage(input_tokens=20, output_tokens=30)
+    assert thread.problems == []
+
+
+def test_a_typed_command_is_a_request_and_claude_codes_own_commands_are_not() -> None:
+    thread = parse("claude_commands.jsonl")
+
+    # /model and /compact ran in Claude Code (their output is Claude Code's own); the
+    # skill with its arguments, a typed prompt and a command without arguments went to
+    # the model.
+    assert [t.request for t in thread.turns] == [
+        "/review-plan check the retry logic in fetch.py",
+        "Fix the first risk.",
+        "/ship",
+    ]
+    assert [t.index for t in thread.turns] == [0, 1, 2]
+    assert [t.message_uuid for t in thread.turns] == ["k-u4", "k-u6", "k-u7"]
+    assert thread.title == "/review-plan check the retry logic in fetch.py"
+    # What the agent got: the command as recorded, then its expansion.
+    sent = thread.turns[0].request_as_sent
+    assert sent.startswith("<command-message>review-plan</command-message>")
+    assert sent.endswith("ARGUMENTS: check the retry logic in fetch.py")
+    assert "# Review a plan" in sent
+    assert thread.turns[1].request_as_sent == ""
+    assert thread.turns[2].request_as_sent.endswith("\n\nCommit the change and push the branch.")
+    # No usage is lost: the skill's work is its own turn's, not the thread's.
+    assert thread.turns[0].usage_by_model == {SONNET: TokenUsage(100, 50, 2000, 0, 300)}
+    assert thread.turns[2].usage == TokenUsage(30, 10, 2400, 0, 0)
+    assert thread.pre_turn_usage_by_model == {}
+
+
+def test_work_before_the_first_request_is_kept_on_the_thread() -> None:
+    thread = parse("claude_work_before_first_request.jsonl")
+
+    assert [t.request for t in thread.turns] == ["Check the deploy log for warnings."]
+    assert thread.turns[0].usage == TokenUsage(5, 11, 600, 0, 0)
+    # Before: the answer to the notification that opened the session served no turn and
+    # was dropped. Now it is the thread's, so its totals hold every usage in the file.
+    assert thread.pre_turn_usage_by_model == {SONNET: TokenUsage(7, 9, 500, 0, 100)}
+
+
+def test_ide_blocks_are_kept_as_sent_but_left_out_of_requests_and_titles() -> None:
+    thread = parse("claude_ide_context.jsonl")
+
+    assert thread.title == "Why does parse() drop the last row?"
+    assert [t.request for t in thread.turns] == [
+        "Why does parse() drop the last row?",
+        "Make it keep the last row.",
+    ]
+    first, second = (t.request_as_sent for t in thread.turns)
+    assert first.startswith("<ide_opened_file>The user opened the file /home/dev/csvkit/src/")
+    assert first.endswith("</ide_opened_file>\nWhy does parse() drop the last row?")
+    assert "<ide_selection>" in second and "<system-reminder>" in second
+    assert "Make it keep the last row." in second
+
+
+def test_a_prompt_of_nothing_but_ide_blocks_stays_whole(tmp_path: Path) -> None:
+    text = "<ide_opened_file>The user opened the file a.py in the IDE.</ide_opened_file>"
+    path = tmp_path / "s.jsonl"
+    path.write_text(
+        json.dumps(
+            {"type": "user", "uuid": "u1", "sessionId": "s", "timestamp": "2026-01-02T03:00:00Z",
+             "message": {"role": "user", "content": text}}
+        )
+        + "\n"
+    )  # fmt: skip
+
+    (turn,) = parse_transcript(path).turns
+
+    assert (turn.request, turn.request_as_sent) == (text, "")
+
+
+def test_a_proxys_partial_usage_gives_way_to_the_final_figures() -> None:
+    # glm-5 through a proxy, no requestId: each response's first line carries an input
+    # estimate and no output, the later lines the final figures.
+    thread = parse("claude_proxy_partial_usage.jsonl")
+
+    (turn,) = thread.turns
+    assert turn.usage_by_model == {
+        "glm-5": TokenUsage(input_tokens=4900 + 5350, output_tokens=120 + 45)
+    }
+
+
+def test_long_requests_are_counted_apart_for_long_context_prices(tmp_path: Path) -> None:
+    lines = [
+        {"type": "user", "uuid": "u1", "sessionId": "s", "timestamp": "2026-01-02T03:00:00Z",
+         "message": {"role": "user", "content": "Read the whole repository."}},
+    ]  # fmt: skip
+    # Three responses: 150k, 210k and 280k of input (cache reads and writes included).
+    for number, (read, write) in enumerate([(140_000, 9_990), (200_000, 9_990), (270_000, 9_990)]):
+        lines.append(
+            {"type": "assistant", "uuid": f"a{number}", "sessionId": "s", "requestId": f"r{number}",
+             "timestamp": f"2026-01-02T03:00:0{number + 1}Z",
+             "message": {"id": f"m{number}", "model": "claude-sonnet-4-5", "content": [],
+                         "usage": {"input_tokens": 10, "output_tokens": 100,
+                                   "cache_read_input_tokens": read,
+                                   "cache_creation_input_tokens": write}}}
+        )  # fmt: skip
+    path = tmp_path / "s.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+
+    (turn,) = parse_transcript(path).turns
+
+    one = [TokenUsage(10, 100, read, write, 0) for read, write in
+           [(140_000, 9_990), (200_000, 9_990), (270_000, 9_990)]]  # fmt: skip
+    assert turn.usage == one[0] + one[1] + one[2]
+    assert turn.long_context_usage == {
+        "claude-sonnet-4-5": {
+            32_000: one[0] + one[1] + one[2],
+            100_000: one[0] + one[1] + one[2],
+            128_000: one[0] + one[1] + one[2],
+            200_000: one[1] + one[2],
+            256_000: one[2],
+            272_000: one[2],
+        }
+    }
+
+
 # --- refusing whole files (parse_transcript, detect_kind) ----------------------------------
 
 
@@ -608,3 +746,51 @@ def test_the_fast_path_reads_mutated_transcripts_as_the_general_path_does(conten
         path.write_bytes(content)
         fast, general = both_ways(path)
     assert fast == general
+
+
+# --- every line kind real files hold (Claude Code 1.0 to 2.1.x) -------------------------
+
+LINE_KINDS = (
+    "mode", "agent-name", "custom-title", "attachment", "queue-operation", "ai-title",
+    "progress", "permission-mode", "last-prompt", "file-history-snapshot", "system",
+)  # fmt: skip
+
+
+def turns_of(thread: Any) -> list[tuple[object, ...]]:
+    return [
+        (t.request, t.usage_by_model, t.final_answer, t.evidence.items, t.last_answer_at)
+        for t in thread.turns
+    ]
+
+
+@pytest.mark.parametrize("kind", LINE_KINDS)
+def test_each_line_kind_of_real_files_is_read_and_makes_no_turn(kind: str, tmp_path: Path) -> None:
+    source = EDGE / "claude_line_kinds.jsonl"
+    lines = source.read_text().splitlines()
+    kept = [line for line in lines if json.loads(line)["type"] != kind]
+    assert len(kept) < len(lines), f"the fixture has no {kind} line"
+    path = tmp_path / source.name
+    path.write_text("\n".join(kept) + "\n")
+
+    thread, without = parse_transcript(source), parse_transcript(path)
+
+    assert thread.problems == [] and without.problems == []
+    assert thread.lines_read == len(lines)
+    # The lines of the kind change no request, usage, answer or evidence...
+    assert turns_of(thread) == turns_of(without)
+    assert [t.request for t in thread.turns] == ["Map the public API of atlas."]
+    # ...and only the two title kinds change the title.
+    if kind not in ("custom-title", "ai-title"):
+        assert without.title == thread.title
+
+
+def test_a_custom_title_wins_over_the_ai_title_and_an_agent_name_is_no_title() -> None:
+    thread = parse("claude_line_kinds.jsonl")
+
+    assert thread.title == "Atlas API map"  # /rename's custom-title
+    assert (thread.cli_version, thread.cwd) == ("2.1.185", "/home/dev/atlas")
+    # A prompt typed while the agent worked, handed over as a queued_command attachment,
+    # is part of the running turn (its usage and answer), not a turn of its own.
+    (turn,) = thread.turns
+    assert turn.usage == TokenUsage(42, 55, 8200, 0, 200)
+    assert turn.final_answer == "Two public functions: load and save."

@@ -85,7 +85,7 @@ def test_real_session_file_matches_the_manifest(session: dict[str, Any]) -> None
 def test_real_usage_is_the_same_from_token_count_totals_alone(
     session: dict[str, Any], tmp_path: Path
 ) -> None:
-    # 0.169.0 writes a token_usage_record per response; older releases only
+    # 0.169.0 and later write a token_usage_record per response; older releases only
     # token_count events. Without the records the totals give the same figures.
     lines = (REAL / session["path"]).read_text().splitlines()
     path = tmp_path / Path(session["path"]).name
@@ -316,3 +316,80 @@ def test_a_truncated_last_codex_line_is_a_problem(tmp_path: Path) -> None:
     assert thread.problems == [LineProblem(line_count, thread.problems[0].message)]
     assert thread.problems[0].message.startswith("truncated last line")
     assert len(thread.turns) == 3
+
+
+# --- what real sessions of other people showed (issue 18) ---------------------------
+
+
+def test_a_rolled_back_turn_is_marked_and_its_usage_still_counted() -> None:
+    thread = parse("codex_rolled_back.jsonl")
+
+    assert [(t.request, t.rolled_back) for t in thread.turns] == [
+        ("Draft the grant application [$apply](/skills/apply.md)", True),
+        ("Draft the grant application", False),
+    ]
+    assert thread.turns[0].usage == TokenUsage(
+        input_tokens=2100 - 900, cache_read_tokens=900, output_tokens=70
+    )
+    assert thread.turns[1].usage == TokenUsage(
+        input_tokens=1200 - 900, cache_read_tokens=900, output_tokens=50
+    )
+
+
+def test_each_request_past_a_long_context_size_is_counted_by_its_own_input() -> None:
+    thread = parse("codex_long_context.jsonl")
+
+    (turn,) = thread.turns
+    short = TokenUsage(input_tokens=50_000, cache_read_tokens=100_000, output_tokens=2_000)
+    long_1 = TokenUsage(input_tokens=10_000, cache_read_tokens=270_000, output_tokens=1_000)
+    long_2 = TokenUsage(input_tokens=10_000, cache_read_tokens=290_000, output_tokens=4_000)
+    assert turn.usage_by_model == {"gpt-5.5": short + long_1 + long_2}
+    # 280k and 300k of input passed 272k; the repeated total added nothing.
+    assert turn.long_context_usage["gpt-5.5"][272_000] == long_1 + long_2
+    assert turn.long_context_usage["gpt-5.5"][128_000] == short + long_1 + long_2
+    assert 512_000 not in turn.long_context_usage["gpt-5.5"]
+
+
+def test_usage_before_the_first_prompt_is_kept_on_the_thread(tmp_path: Path) -> None:
+    lines = (EDGE / "codex_rolled_back.jsonl").read_text().splitlines()
+    usage_line = next(line for line in lines if '"token_count"' in line)
+    prompt = next(n for n, line in enumerate(lines) if '"user_message"' in line)
+    # A token_count written before the first prompt (a resumed file's first lines).
+    lines.insert(prompt, usage_line)
+    path = tmp_path / "rollout.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+
+    thread = parse_transcript(path)
+
+    assert thread.pre_turn_usage_by_model == {"gpt-5.5": TokenUsage(1000, 40, 0, 0, 0)}
+    assert len(thread.turns) == 2
+
+
+@pytest.mark.parametrize(
+    ("kind", "event"), [("world_state", None), ("event_msg", "thread_settings_applied")]
+)
+def test_codex_line_kinds_of_new_releases_are_read_and_change_nothing(
+    kind: str, event: str | None, tmp_path: Path
+) -> None:
+    source = EDGE / "codex_line_kinds.jsonl"
+    lines = source.read_text().splitlines()
+
+    def of_kind(line: str) -> bool:
+        value = json.loads(line)
+        return value["type"] == kind and (event is None or value["payload"]["type"] == event)
+
+    kept = [line for line in lines if not of_kind(line)]
+    assert len(kept) < len(lines)
+    path = tmp_path / source.name
+    path.write_text("\n".join(kept) + "\n")
+
+    thread, without = parse_transcript(source), parse_transcript(path)
+
+    assert thread.problems == [] and thread.lines_read == len(lines)
+    assert [(t.request, t.usage_by_model, t.final_answer) for t in thread.turns] == [
+        (t.request, t.usage_by_model, t.final_answer) for t in without.turns
+    ]
+    assert thread.turns[0].usage_by_model == {
+        "gpt-5.5": TokenUsage(input_tokens=1100, cache_read_tokens=800, output_tokens=70)
+    }
+    assert (thread.cli_version, thread.git_commit) == ("0.144.5", "fed321")

@@ -24,7 +24,9 @@ Sessions (the `fork` context and ranges turn by turn): a fork's first turn adds 
 SESSION --fork-session`, the cut historical transcript copied first to
 `claude-home/.claude/projects/<slug of the folder claude runs in>/SESSION.jsonl` (Claude
 looks there, by the file's name); each later turn of a range adds `--resume ID`, the
-session the first turn's result line named. Each result line counts its own process.
+session the first turn's result line named. Each result line counts its own process
+(2.1.3xx: its `model_usage_since_last_result`; its modelUsage and total_cost_usd are then
+the whole session's).
 
 With stream-json Claude writes one JSON event a line on stdout; the run's log also
 holds its stderr, so lines that are not JSON are kept as plain text. The last event
@@ -520,7 +522,7 @@ def result_outcome(result: Mapping[str, Any], *, model: str) -> AgentOutcome:
         outcome.usage = anthropic_usage(result.get("usage"))
     except ValueError as exc:
         outcome.notes.append(f"Claude Code's usage was ignored: {exc}")
-    extra = _usage_beyond(outcome.usage, result.get("modelUsage"))
+    extra = _usage_beyond(outcome.usage, _invocation_model_usage(result))
     if extra.total:
         outcome.usage = outcome.usage + extra
         outcome.notes.append(
@@ -619,12 +621,26 @@ def _usage_beyond(usage: TokenUsage, model_usage: object) -> TokenUsage:
     )
 
 
+# Claude Code 2.1.3xx: in a resumed session, modelUsage and total_cost_usd are the whole
+# session's (earlier invocations included); this per-model usage is this invocation's.
+_SINCE_LAST_RESULT = "model_usage_since_last_result"
+
+
+def _invocation_model_usage(result: Mapping[str, Any]) -> object:
+    """The per-model usage of this invocation: model_usage_since_last_result where Claude
+    writes it, else modelUsage (one invocation's in releases before it)."""
+    since = result.get(_SINCE_LAST_RESULT)
+    return since if isinstance(since, Mapping) else result.get("modelUsage")
+
+
 def _reported_cost(result: Mapping[str, Any]) -> Decimal | None:
-    """Claude's own cost: total_cost_usd, else the sum of modelUsage's costUSD."""
+    """Claude's own cost of this invocation: the sum of model_usage_since_last_result's
+    costUSD where Claude writes it, else total_cost_usd, else the sum of modelUsage's."""
     total = result.get("total_cost_usd")
-    if _is_number(total) and total >= 0:
+    since = result.get(_SINCE_LAST_RESULT)
+    if not isinstance(since, Mapping) and _is_number(total) and total >= 0:
         return Decimal(str(total))
-    model_usage = result.get("modelUsage")
+    model_usage = _invocation_model_usage(result)
     if isinstance(model_usage, Mapping) and model_usage:
         costs = [
             per_model.get("costUSD") if isinstance(per_model, Mapping) else None

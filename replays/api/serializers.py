@@ -52,10 +52,31 @@ class TokensSerializer(serializers.Serializer):
         return tokens
 
 
+def priced_as_field() -> serializers.DictField:
+    return serializers.DictField(
+        child=serializers.CharField(allow_null=True),
+        help_text="The price table's entry that priced each model that used tokens ("
+        '":free" for a free variant); null when no entry matches (the cost is then unknown).',
+    )
+
+
 class TurnSerializer(serializers.ModelSerializer):
     models = serializers.ListField(source="models_used", child=serializers.CharField())
     tokens = TokensSerializer(source="*")
     cost_usd = cost_field()
+    request = serializers.CharField(
+        help_text="What the user typed: a command as typed, without an IDE's blocks."
+    )
+    request_as_sent = serializers.CharField(
+        help_text="The request as the agent received it, when that is more than `request` "
+        "(the IDE's blocks, a command's expanded text); empty when it was `request` itself. "
+        "A replay sends this."
+    )
+    rolled_back = serializers.BooleanField(
+        help_text="The user rolled this request back (Codex): the thread went on without "
+        "it; it is not offered for replay. Its tokens were still spent."
+    )
+    priced_as = priced_as_field()
 
     class Meta:
         model = Turn
@@ -64,18 +85,49 @@ class TurnSerializer(serializers.ModelSerializer):
             "index",
             "timestamp",
             "request",
+            "request_as_sent",
+            "rolled_back",
             "models",
             "tokens",
             "cost_usd",
+            "priced_as",
             "seconds",
             "model_seconds",
         ]
+
+
+class PreTurnTokensSerializer(TokensSerializer):
+    def to_representation(self, instance: Thread) -> dict[str, int]:  # type: ignore[override]
+        usage = instance.pre_turn_usage_by_model.values()
+        tokens = {kind: sum(u.get(field, 0) for u in usage) for kind, field in TOKEN_KINDS.items()}
+        tokens["total"] = sum(tokens.values())
+        return tokens
+
+
+class PreTurnSerializer(serializers.Serializer):
+    """Usage no turn served: the work before the first request. The thread's tokens and
+    cost include it."""
+
+    models = serializers.ListField(child=serializers.CharField())
+    tokens = PreTurnTokensSerializer(source="*")
+    cost_usd = cost_field()
+
+    def to_representation(self, instance: Thread) -> dict[str, Any]:  # type: ignore[override]
+        return {
+            "models": list(instance.pre_turn_usage_by_model),
+            "tokens": PreTurnTokensSerializer(instance).data,
+            "cost_usd": self.fields["cost_usd"].to_representation(instance.pre_turn_cost_usd)
+            if instance.pre_turn_cost_usd is not None
+            else None,
+        }
 
 
 class ThreadSerializer(serializers.ModelSerializer):
     models = serializers.ListField(source="models_used", child=serializers.CharField())
     tokens = TokensSerializer(source="*")
     cost_usd = cost_field()
+    priced_as = priced_as_field()
+    before_first_turn = PreTurnSerializer(source="*", read_only=True)
     url = serializers.HyperlinkedIdentityField(view_name="api-thread-detail")
 
     class Meta:
@@ -97,6 +149,8 @@ class ThreadSerializer(serializers.ModelSerializer):
             "models",
             "tokens",
             "cost_usd",
+            "priced_as",
+            "before_first_turn",
             "seconds",
             "model_seconds",
             "source_path",

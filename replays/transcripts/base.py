@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import posixpath
+from bisect import bisect_left
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -35,6 +36,12 @@ OUT_OF_RANGE = "token counts out of range"
 # How much of the agent's last text of a turn is kept (the `digest` context quotes it).
 MAX_FINAL_ANSWER_CHARS = 4000
 FINAL_ANSWER_CUT = " […]"
+# Input sizes (tokens) past which some models charge a dearer price for the whole request:
+# every `*_above_<N>k_tokens` size in LiteLLM's price file (Claude's 1M-context tier above
+# 200k, gpt-5.x above 272k, others). The parsers keep, per model, the usage of the requests
+# whose own input (every input kind) passed each size, so that any price table that names
+# tiers at these sizes prices each request by its own input, also on a later re-pricing.
+LONG_CONTEXT_THRESHOLDS = (32_000, 100_000, 128_000, 200_000, 256_000, 272_000, 512_000)
 
 
 class TranscriptError(Exception):
@@ -81,6 +88,17 @@ class TokenUsage:
         return (
             self.input_tokens
             + self.output_tokens
+            + self.cache_read_tokens
+            + self.cache_write_5m_tokens
+            + self.cache_write_1h_tokens
+        )
+
+    @property
+    def input_size(self) -> int:
+        """The request's whole input (what long-context prices are decided on): input, cached
+        reads and cache writes. Meaningful for the usage of one request, not for a sum."""
+        return (
+            self.input_tokens
             + self.cache_read_tokens
             + self.cache_write_5m_tokens
             + self.cache_write_1h_tokens
@@ -149,6 +167,54 @@ class LineProblem:
     message: str
 
 
+# Usage per model of the requests whose own input passed each of LONG_CONTEXT_THRESHOLDS
+# (a request past 272k counts under 200k and 272k alike); sizes no request passed are left out.
+LongContextUsage = dict[str, dict[int, TokenUsage]]
+
+
+def add_request(
+    usage_by_model: dict[str, TokenUsage],
+    long_context: LongContextUsage,
+    model: str,
+    usage: TokenUsage,
+    input_size: int | None = None,
+) -> None:
+    """Count one request's usage for ``model``; ``input_size`` (default: the usage's own)
+    decides which long-context sizes it passed."""
+    previous = usage_by_model.get(model)
+    usage_by_model[model] = usage if previous is None else previous + usage
+    if input_size is None:
+        input_size = (
+            usage.input_tokens + usage.cache_read_tokens
+            + usage.cache_write_5m_tokens + usage.cache_write_1h_tokens
+        )  # fmt: skip
+    passed = bisect_left(LONG_CONTEXT_THRESHOLDS, input_size)  # the sizes it is above
+    if passed:
+        by_size = long_context.get(model)
+        if by_size is None:
+            by_size = long_context[model] = {}
+        for threshold in LONG_CONTEXT_THRESHOLDS[:passed]:
+            counted = by_size.get(threshold)
+            by_size[threshold] = usage if counted is None else counted + usage
+
+
+def add_usage(
+    usage_by_model: dict[str, TokenUsage],
+    long_context: LongContextUsage,
+    other_by_model: dict[str, TokenUsage],
+    other_long_context: LongContextUsage,
+) -> None:
+    """Add one set of usage (per model, with its long-context part) to another."""
+    for model, usage in other_by_model.items():
+        previous = usage_by_model.get(model)
+        usage_by_model[model] = usage if previous is None else previous + usage
+    for model, by_size in other_long_context.items():
+        into = long_context.setdefault(model, {})
+        for threshold, usage in by_size.items():
+            previous = into.get(threshold)
+            into[threshold] = usage if previous is None else previous + usage
+
+
 @dataclass
 class ParsedTurn:
     """One real user request and the assistant work that answered it."""
@@ -156,9 +222,20 @@ class ParsedTurn:
     index: int  # 0-based position in the thread
     message_uuid: str  # Claude: the user line's uuid; Codex: the turn id (or a stable derived id)
     timestamp: datetime  # when the request was sent (timezone-aware, UTC)
+    # What the user typed: a command as typed ("/review the parser"), without the blocks an
+    # IDE adds around it. Titles and pages show it.
     request: str
+    # The request as the agent received it, when that is more than `request`: the IDE's
+    # blocks (the file open, the lines selected) around it, a command's expanded text after
+    # it. "" when the agent got `request` itself. A replay sends this.
+    request_as_sent: str = ""
     # Usage per model, in the order the models first answered; cost is computed from it.
     usage_by_model: dict[str, TokenUsage] = field(default_factory=dict)
+    # The part of that usage spent by long requests (see LongContextUsage).
+    long_context_usage: LongContextUsage = field(default_factory=dict)
+    # Codex: the user rolled the turn back (the thread went on as if it had not been asked);
+    # its usage was still spent.
+    rolled_back: bool = False
     # Timestamp of the last assistant line that served this turn (None: never answered).
     last_answer_at: datetime | None = None
     # Cost the tool itself recorded (Claude's costUSD on lines, when present), else None.
@@ -177,6 +254,9 @@ class ParsedTurn:
         text = text.strip()
         if text:
             self.final_answer = bounded_answer(text)
+
+    def add_request(self, model: str, usage: TokenUsage, input_size: int | None = None) -> None:
+        add_request(self.usage_by_model, self.long_context_usage, model, usage, input_size)
 
     @property
     def models(self) -> list[str]:
@@ -211,6 +291,19 @@ class ParsedThread:
     turns: list[ParsedTurn] = field(default_factory=list)
     problems: list[LineProblem] = field(default_factory=list)
     lines_read: int = 0
+    # Usage no turn served: the work before the first request (a session whose only
+    # prompts are not requests, a response written before its prompt). The thread's totals
+    # count it, so they equal the sum of every usage the file records.
+    pre_turn_usage_by_model: dict[str, TokenUsage] = field(default_factory=dict)
+    pre_turn_long_context_usage: LongContextUsage = field(default_factory=dict)
+
+    def add_pre_turn_request(
+        self, model: str, usage: TokenUsage, input_size: int | None = None
+    ) -> None:
+        add_request(
+            self.pre_turn_usage_by_model, self.pre_turn_long_context_usage, model, usage,
+            input_size,
+        )  # fmt: skip
 
 
 def bounded_answer(text: str) -> str:

@@ -36,6 +36,7 @@ from replays.transcripts.base import (
     TokenUsage,
     TranscriptError,
     UsageBudget,
+    add_request,
     kept_text,
     make_message_ids_unique,
     text_sha256,
@@ -76,9 +77,24 @@ _CLAUDE_IDS = ("sessionId", "uuid", "leafUuid")
 SYNTHETIC_MODEL = "<synthetic>"
 
 # User lines that are Claude Code's own plumbing (slash-command echoes, local
-# command output, `!` shell input/output), not a request to the model.
-_WRAPPER_RE = re.compile(r"^\s*<(command-[a-z-]+|local-command-[a-z-]+|bash-[a-z-]+)>")
+# command output, `!` shell input/output, background tasks' notifications), not a
+# request to the model. A typed command is the exception: see _typed_command.
+_WRAPPER_RE = re.compile(
+    r"^\s*<(command-[a-z-]+|local-command-[a-z-]+|bash-[a-z-]+|task-notification)>"
+)
 _INTERRUPT_PREFIX = "[Request interrupted by user"
+# A slash command or skill as Claude Code records it: its name, and what was typed after it.
+_COMMAND_NAME_RE = re.compile(r"<command-name>\s*(.*?)\s*</command-name>", re.DOTALL)
+_COMMAND_ARGS_RE = re.compile(r"<command-args>(.*?)</command-args>", re.DOTALL)
+# What a command Claude Code ran itself (/model, /status, /compact...) printed: that command
+# was no request to the model.
+_LOCAL_OUTPUT_RE = re.compile(r"^\s*<local-command-(?:stdout|stderr)>")
+# Blocks an IDE (the VS Code extension) or Claude Code puts around what the user typed:
+# the file open, the lines selected, reminders. The agent got them; the user did not type them.
+_CONTEXT_BLOCK_RE = re.compile(r"<(ide_[a-z_]+|system-reminder)>.*?</\1>", re.DOTALL)
+# Who wrote a user line (Claude Code 2.1.x): "human", or "task-notification" for the events
+# a background task (the Monitor tool) hands the model. Only a person's line is a request.
+_TYPED_ORIGIN = "human"
 
 # Text json.loads can make that no database column takes: a lone surrogate (Node
 # writes half an emoji as "\ud83d") and NUL (PostgreSQL refuses it in text and
@@ -418,24 +434,31 @@ def token_count(container: dict[str, Any], key: str) -> int:
     return int(value)
 
 
-def max_usage(a: TokenUsage, b: TokenUsage) -> TokenUsage:
-    return TokenUsage(
-        max(a.input_tokens, b.input_tokens),
-        max(a.output_tokens, b.output_tokens),
-        max(a.cache_read_tokens, b.cache_read_tokens),
-        max(a.cache_write_5m_tokens, b.cache_write_5m_tokens),
-        max(a.cache_write_1h_tokens, b.cache_write_1h_tokens),
-    )
+def _final_usage(counted: TokenUsage, line: TokenUsage) -> TokenUsage:
+    """A response's usage after one more of its lines: the latest line's figures, unless it
+    has less output than those counted so far.
+
+    Claude Code writes the usage on every line of a streamed response, growing to its final
+    figures (the first lines' output is 2-3x short). A proxy (glm-5 behind an Anthropic-style
+    endpoint) writes an estimate first (input guessed high, output 0), then the final
+    figures: taking each kind's largest would mix the estimate's input with the final
+    output. The latest line with the most output is the final one in both."""
+    return line if line.output_tokens >= counted.output_tokens else counted
 
 
 # --- Claude Code ----------------------------------------------------------------
+
+
+# _Response.turn_index before it names a turn.
+_UNPLACED = -1  # from a sub-agent file: placed by time once all turns are known
+_BEFORE_FIRST_TURN = -2  # written before the first request: the thread's, no turn's
 
 
 @dataclass(slots=True)
 class _Response:
     """One API response, possibly streamed over several lines sharing (message.id, requestId)."""
 
-    turn_index: int  # -1: from a sub-agent file, placed by time once all turns are known
+    turn_index: int  # a turn, _UNPLACED or _BEFORE_FIRST_TURN
     model: str
     first_at: datetime
     last_at: datetime
@@ -469,6 +492,12 @@ class _State:
     asked_at: datetime | None = None
     # Tool calls waiting for their result: tool_use id -> (turn index, tool name, input).
     pending_tools: dict[str, tuple[int, str, dict[str, Any]]] = field(default_factory=dict)
+    # The latest turn when it is a typed command nothing has answered yet: its expansion
+    # (a meta line) is added to what was sent, and output of Claude Code's own (a local
+    # command's) withdraws it. -1: none.
+    command_turn: int = -1
+    pre_turn_usage_by_model: dict[str, TokenUsage] = field(default_factory=dict)
+    pre_turn_long_context_usage: dict[str, dict[int, TokenUsage]] = field(default_factory=dict)
 
     def saw_time(self, at: datetime) -> None:
         if self.started_at is None or at < self.started_at:
@@ -525,6 +554,10 @@ class _Message(msgspec.Struct, gc=False):
     content: str | list[_Block] | None = None
 
 
+class _Origin(msgspec.Struct, gc=False):
+    kind: str | None = None
+
+
 class _Line(msgspec.Struct, gc=False):
     type: str | None = None
     timestamp: str | msgspec.UnsetType = msgspec.UNSET
@@ -540,6 +573,7 @@ class _Line(msgspec.Struct, gc=False):
     isSidechain: bool | None = None
     isMeta: bool | None = None
     isCompactSummary: bool | None = None
+    origin: _Origin | None = None
     # The tool's own record beside a tool result, as its JSON text (_NO_RAW: absent).
     toolUseResult: msgspec.Raw = _NO_RAW
     summary: str | None = None
@@ -576,6 +610,8 @@ def parse_claude_code(
         problems = problems + _read_subagents(state, path, session_id, max_bytes=max_bytes)
     _finish_turns(state)
     make_message_ids_unique(state.turns)
+    for index, turn in enumerate(state.turns):
+        turn.index = index  # a withdrawn command leaves no gap
     for turn in state.turns:
         turn.evidence.relative_to(state.cwd)
 
@@ -596,6 +632,8 @@ def parse_claude_code(
         turns=state.turns,
         problems=problems,
         lines_read=lines.lines_read,
+        pre_turn_usage_by_model=state.pre_turn_usage_by_model,
+        pre_turn_long_context_usage=state.pre_turn_long_context_usage,
     )
 
 
@@ -791,11 +829,11 @@ def _read_struct_assistant(
         cost = None if line.costUSD is None else _cost(line.costUSD)
 
         if not main_file:
-            turn_index = -1
+            turn_index = _UNPLACED
         elif state.turns:
             turn_index = len(state.turns) - 1
         else:
-            return  # work before the first real prompt serves no turn
+            turn_index = _BEFORE_FIRST_TURN
 
         counted = response.usage if response is not None else _NO_USAGE
         merged = counted
@@ -803,20 +841,21 @@ def _read_struct_assistant(
             i, o, r, w5, w1 = counts
             ci, co, cr = counted.input_tokens, counted.output_tokens, counted.cache_read_tokens
             c5, c1 = counted.cache_write_5m_tokens, counted.cache_write_1h_tokens
-            if i > ci or o > co or r > cr or w5 > c5 or w1 > c1:
-                # The largest value per kind is the response's usage, counted once.
-                mi, mo, mr = i if i > ci else ci, o if o > co else co, r if r > cr else cr
-                m5, m1 = w5 if w5 > c5 else c5, w1 if w1 > c1 else c1
+            # As _final_usage: the line's figures replace the counted ones unless they
+            # have less output.
+            if o >= co and (i != ci or o != co or r != cr or w5 != c5 or w1 != c1):
                 # budget.add_counts, inline: past the session's bound, the line is skipped.
                 budget = state.budget
-                ti, to = budget.input_tokens + mi - ci, budget.output_tokens + mo - co
-                tr, t5 = budget.cache_read_tokens + mr - cr, budget.cache_write_5m_tokens + m5 - c5
-                t1 = budget.cache_write_1h_tokens + m1 - c1
+                ti, to = budget.input_tokens + i - ci, budget.output_tokens + o - co
+                tr, t5 = budget.cache_read_tokens + r - cr, budget.cache_write_5m_tokens + w5 - c5
+                t1 = budget.cache_write_1h_tokens + w1 - c1
                 if max(ti, to, tr, t5, t1) > MAX_THREAD_TOKENS:
-                    budget.add_counts(mi - ci, mo - co, mr - cr, m5 - c5, m1 - c1)  # raises
+                    budget.add_counts(i - ci, o - co, r - cr, w5 - c5, w1 - c1)  # raises
                 budget.input_tokens, budget.output_tokens, budget.cache_read_tokens = ti, to, tr
                 budget.cache_write_5m_tokens, budget.cache_write_1h_tokens = t5, t1
-                merged = TokenUsage(mi, mo, mr, m5, m1)
+                merged = TokenUsage(i, o, r, w5, w1)
+        if main_file and turn_index >= 0:
+            state.command_turn = -1  # answered: a request, whatever follows
         if response is None:
             response = _Response(
                 turn_index=turn_index, model=model, first_at=at, last_at=at, asked_at=state.asked_at
@@ -883,22 +922,19 @@ def _read_struct_user(
 ) -> None:
     """_read_user, then _read_tool_results, of a decoded line of the main file."""
     content = message.content
-    request = _struct_prompt_text(line, content)
+    parts = _struct_prompt_parts(line, content)
     uuid = line.uuid
+    seen = False
     if uuid is not None:
         if uuid in state.seen_user_uuids:
-            request = None
+            seen = True
         else:
             state.seen_user_uuids.add(uuid)
-    if request is not None:
-        state.turns.append(
-            ParsedTurn(
-                index=len(state.turns),
-                message_uuid=uuid if uuid else f"line-{line_number}",
-                timestamp=at,
-                request=request,
-            )
-        )
+    if not seen:
+        if parts is not None:
+            _start_turn(state, parts, uuid if uuid else f"line-{line_number}", at)
+        elif 0 <= state.command_turn == len(state.turns) - 1 and not line.isSidechain:
+            _command_follow_up(state, line.isMeta is True, _struct_text(content))
     if type(content) is not list:
         return
     results = [block for block in content if block.type == "tool_result"]
@@ -914,11 +950,16 @@ def _read_struct_user(
             _tool_evidence(state.turns[turn].evidence, name, tool_input, record)
 
 
-def _struct_prompt_text(line: _Line, content: str | list[_Block] | None) -> str | None:
-    """prompt_text of a decoded line."""
+def _struct_prompt_parts(
+    line: _Line, content: str | list[_Block] | None
+) -> tuple[str, str, bool] | None:
+    """prompt_parts of a decoded line."""
     if line.isSidechain or line.isMeta or line.isCompactSummary:
         return None
     if len(line.toolUseResult):  # present, whatever it holds
+        return None
+    origin = line.origin
+    if origin is not None and origin.kind is not None and origin.kind != _TYPED_ORIGIN:
         return None
     if type(content) is str:
         text = content
@@ -936,7 +977,32 @@ def _struct_prompt_text(line: _Line, content: str | list[_Block] | None) -> str 
         text = _joined_prompt(texts, has_image)
     else:
         raise ValueError("message.content is neither text nor a list of blocks")
-    return _prompt_or_none(text)
+    return _prompt_parts(text)
+
+
+def _struct_text(content: str | list[_Block] | None) -> str:
+    """_lenient_text of a decoded line's content."""
+    if type(content) is str:
+        return content
+    if type(content) is list:
+        return "\n".join(b.text for b in content if b.type == "text" and b.text is not None)
+    return ""
+
+
+def _lenient_text(content: object) -> str:
+    """The text of a user line that is no request (a command's expansion, a local command's
+    output); "" for a shape no text can be read from (no problem: nothing is counted)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(
+            block["text"]
+            for block in content
+            if isinstance(block, dict)
+            and block.get("type") == "text"
+            and isinstance(block.get("text"), str)
+        )
+    return ""
 
 
 def _joined_prompt(texts: list[str], has_image: bool) -> str:
@@ -945,12 +1011,66 @@ def _joined_prompt(texts: list[str], has_image: bool) -> str:
     return "[image]" if not text.strip() and has_image else text
 
 
-def _prompt_or_none(text: str) -> str | None:
-    """The prompt as stripped text; None for an empty one, a CLI wrapper or an interrupt."""
+def _prompt_parts(text: str) -> tuple[str, str, bool] | None:
+    """(request, request_as_sent, is_command) of a user line's text; None for an empty line,
+    Claude Code's plumbing or an interrupt. ``request`` is what the user typed: a command
+    as typed, the text without an IDE's blocks; ``request_as_sent`` the text as the agent
+    got it, "" when that is ``request``."""
     text = text.strip()
-    if not text or _WRAPPER_RE.match(text) or text.startswith(_INTERRUPT_PREFIX):
+    if not text or text.startswith(_INTERRUPT_PREFIX):
         return None
-    return text
+    if _WRAPPER_RE.match(text):
+        command = _typed_command(text)
+        return None if command is None else (command, text, True)
+    if "<" in text and _CONTEXT_BLOCK_RE.search(text):
+        typed = _CONTEXT_BLOCK_RE.sub("", text).strip()
+        if typed:  # a prompt of nothing but such blocks stays as it is
+            return typed, text, False
+    return text, "", False
+
+
+def _typed_command(text: str) -> str | None:
+    """A slash command or skill as the user typed it ("/review the parser"), from Claude
+    Code's record of it; None when the line names none."""
+    match = _COMMAND_NAME_RE.search(text)
+    if match is None or not match.group(1):
+        return None
+    name = match.group(1)
+    if not name.startswith("/"):
+        name = "/" + name
+    arguments = _COMMAND_ARGS_RE.search(text)
+    typed = arguments.group(1).strip() if arguments else ""
+    return f"{name} {typed}" if typed else name
+
+
+def _start_turn(
+    state: _State, parts: tuple[str, str, bool], message_uuid: str, at: datetime
+) -> None:
+    request, as_sent, is_command = parts
+    state.turns.append(
+        ParsedTurn(
+            index=len(state.turns),
+            message_uuid=message_uuid,
+            timestamp=at,
+            request=request,
+            request_as_sent=as_sent,
+        )
+    )
+    state.command_turn = len(state.turns) - 1 if is_command else -1
+
+
+def _command_follow_up(state: _State, is_meta: bool, text: str) -> None:
+    """A user line after a typed command nothing answered yet: its expansion (a meta line)
+    is part of what the agent got; a local command's output says it never was a request."""
+    if _LOCAL_OUTPUT_RE.match(text):  # some writers mark that output as meta too
+        state.turns.pop()  # nothing refers to it: no response, no tool call served it
+        state.command_turn = -1
+    elif is_meta:
+        expansion = text.strip()
+        if expansion:
+            turn = state.turns[-1]
+            turn.request_as_sent = f"{turn.request_as_sent}\n\n{expansion}"
+            state.command_turn = -1
 
 
 def _read_metadata(state: _State, value: dict[str, Any]) -> None:
@@ -975,33 +1095,49 @@ def _read_metadata(state: _State, value: dict[str, Any]) -> None:
 
 def _read_user(state: _State, line_number: int, value: dict[str, Any], at: datetime) -> None:
     """Start a turn when the line is a real prompt; ValueError when its content is malformed."""
-    request = prompt_text(value)
+    parts = prompt_parts(value)
     uuid = value.get("uuid")
     if isinstance(uuid, str):
         # A resumed session can repeat earlier lines; one prompt is one turn.
         if uuid in state.seen_user_uuids:
             return
         state.seen_user_uuids.add(uuid)
-    if request is None:
-        return
-    state.turns.append(
-        ParsedTurn(
-            index=len(state.turns),
-            message_uuid=uuid if isinstance(uuid, str) and uuid else f"line-{line_number}",
-            timestamp=at,
-            request=request,
-        )
-    )
+    if parts is not None:
+        message_uuid = uuid if isinstance(uuid, str) and uuid else f"line-{line_number}"
+        _start_turn(state, parts, message_uuid, at)
+    elif 0 <= state.command_turn == len(state.turns) - 1 and not value.get("isSidechain"):
+        text = _lenient_text(value["message"].get("content"))
+        _command_follow_up(state, value.get("isMeta") is True, text)
 
 
 def prompt_text(value: dict[str, Any]) -> str | None:
-    """The request text when a user line is a real prompt, else None.
+    """What the user typed when a user line is a real prompt (see prompt_parts), else None.
+
+    Raises ValueError when the message content has a shape no Claude Code writes.
+    """
+    parts = prompt_parts(value)
+    return None if parts is None else parts[0]
+
+
+def _typed_by_a_person(origin: object) -> bool:
+    """Whether a user line's ``origin`` (absent before Claude Code 2.1) leaves it a person's."""
+    if not isinstance(origin, dict):
+        return True
+    kind = origin.get("kind")
+    return not isinstance(kind, str) or kind == _TYPED_ORIGIN
+
+
+def prompt_parts(value: dict[str, Any]) -> tuple[str, str, bool] | None:
+    """(request, request_as_sent, is_command) when a user line is a real prompt, else None:
+    see _prompt_parts.
 
     Raises ValueError when the message content has a shape no Claude Code writes.
     """
     if value.get("isSidechain") or value.get("isMeta") or value.get("isCompactSummary"):
         return None
     if "toolUseResult" in value:
+        return None
+    if not _typed_by_a_person(value.get("origin")):
         return None
     content = value["message"].get("content")
     if isinstance(content, str):
@@ -1022,7 +1158,7 @@ def prompt_text(value: dict[str, Any]) -> str | None:
         text = _joined_prompt(texts, has_image)
     else:
         raise ValueError("message.content is neither text nor a list of blocks")
-    return _prompt_or_none(text)
+    return _prompt_parts(text)
 
 
 def _read_assistant(
@@ -1074,21 +1210,21 @@ def _count_response(
     cost = _cost(raw_cost)
 
     if from_subagent:
-        turn_index = -1
+        turn_index = _UNPLACED
     elif state.turns:
         # Main-file work, sidechain lines included, serves the latest real prompt.
         turn_index = len(state.turns) - 1
     else:
-        return  # work before the first real prompt serves no turn
+        turn_index = _BEFORE_FIRST_TURN  # the thread's: no usage is left out
 
     counted = response.usage if response is not None else TokenUsage()
     if repeated:
         merged = counted
     else:
-        # Streamed siblings repeat usage, often growing (output_tokens especially):
-        # the largest value per kind is the response's usage, counted once.
-        merged = max_usage(counted, usage)
+        merged = _final_usage(counted, usage)
         state.budget.add(merged - counted)  # past the session's bound: the line is skipped
+    if not from_subagent and turn_index >= 0:
+        state.command_turn = -1  # answered: a request, whatever follows
     if response is None:
         # The first line of a response decides its turn; a sub-agent file that
         # repeats a response already seen in the main file does not move it.
@@ -1232,28 +1368,34 @@ def _size(path: Path) -> int | None:
 
 
 def _finish_turns(state: _State) -> None:
-    """Place sub-agent responses by time, then sum each turn's responses per model."""
+    """Place sub-agent responses by time, then sum each turn's responses per model (and the
+    thread's, for responses before the first request)."""
     starts = [turn.timestamp for turn in state.turns]
     for response in state.responses.values():
-        if response.turn_index < 0:
-            # The turn whose window [its request, the next request) holds the response.
+        if response.turn_index == _UNPLACED:
+            # The turn whose window [its request, the next request) holds the response
+            # (-1, before the first request: the thread's).
             response.turn_index = bisect_right(starts, response.first_at) - 1
 
     # Sorted by time so usage_by_model lists models in the order they first answered,
     # sub-agent files (read last) included.
-    ordered = sorted(
-        (r for r in state.responses.values() if r.turn_index >= 0), key=lambda r: r.first_at
-    )
+    ordered = sorted(state.responses.values(), key=lambda r: r.first_at)
     recorded: dict[int, Decimal] = {}
     for response in ordered:
+        if response.turn_index < 0:
+            if response.usage.total:
+                add_request(
+                    state.pre_turn_usage_by_model, state.pre_turn_long_context_usage,
+                    response.model, response.usage,
+                )  # fmt: skip
+            continue
         turn = state.turns[response.turn_index]
         if turn.last_answer_at is None or response.last_at > turn.last_answer_at:
             turn.last_answer_at = response.last_at
         if response.asked_at is not None and response.asked_at <= response.first_at:
             answered_in = (response.last_at - response.asked_at).total_seconds()
             turn.model_seconds = (turn.model_seconds or 0.0) + answered_in
-        previous = turn.usage_by_model.get(response.model, TokenUsage())
-        turn.usage_by_model[response.model] = previous + response.usage
+        turn.add_request(response.model, response.usage)
         if response.cost_usd is not None:
             # Summed as decimals so 0.03 + 0.005 is 0.035, not 0.034999...
             recorded[response.turn_index] = recorded.get(response.turn_index, Decimal(0)) + Decimal(

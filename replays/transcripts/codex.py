@@ -12,19 +12,21 @@ from __future__ import annotations
 import json
 import posixpath
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
 
 from replays.transcripts.base import (
     MAX_EVIDENCE_COMMAND_CHARS,
+    LongContextUsage,
     ParsedThread,
     ParsedTurn,
     TokensOutOfRange,
     TokenUsage,
     TranscriptError,
     UsageBudget,
+    add_request,
     kept_text,
     make_message_ids_unique,
     patch_operations,
@@ -97,6 +99,15 @@ class _Usage:
     # "record": a token_usage_record (per response); "count": a token_count delta.
     # They describe the same responses: a turn takes one source, never both.
     source: Literal["record", "count"]
+    # The request's own input (cached included), which long-context prices go by.
+    input_size: int
+
+
+@dataclass(frozen=True)
+class _RolledBack:
+    """The user rolled the thread back by this many turns (thread_rolled_back)."""
+
+    turns: int
 
 
 @dataclass(frozen=True)
@@ -133,7 +144,10 @@ class _RecordedCommit:
     commit: str
 
 
-_Event = _Prompt | _Usage | _Answer | _TurnStarted | _ModelTime | _Evidence | _RecordedCommit
+_Event = (
+    _Prompt | _Usage | _Answer | _TurnStarted | _ModelTime | _Evidence | _RecordedCommit
+    | _RolledBack
+)  # fmt: skip
 # Items that hand the model a new request: what the next response answers.
 _REQUEST_ITEMS = frozenset({"function_call_output", "custom_tool_call_output"})
 _SHELL_TOOLS = frozenset(
@@ -333,10 +347,15 @@ class _Reader:
             said = _item_text(payload) if event_type in _MESSAGE_ITEMS else ""
             self.events.append(_Answer(at, said))
         elif event_type == "token_count":
-            usage = self._token_count(payload)
-            if usage is not None and usage.total:
-                self.events.append(_Usage(at, self.model, usage, "count"))
+            counted = self._token_count(payload)
+            if counted is not None and counted[0].total:
+                usage, size = counted
+                self.events.append(_Usage(at, self.model, usage, "count", size))
                 self.events.append(_Answer(at))
+        elif event_type == "thread_rolled_back":
+            turns = payload.get("num_turns")
+            if type(turns) is int and turns > 0:
+                self.events.append(_RolledBack(turns))
 
     def _response_item(self, payload: dict[str, Any], at: datetime) -> None:
         item_type = _string(payload.get("type", payload.get("item_type")))
@@ -499,13 +518,14 @@ class _Reader:
         if response_id is not None:
             self.recorded_responses.add(response_id)
         if usage.total:
-            self.events.append(_Usage(at, self.model, usage, "record"))
+            self.events.append(_Usage(at, self.model, usage, "record", raw.input_tokens))
             self.events.append(_Answer(at))
             if self.asked_at is not None and self.asked_at <= at:
                 self.events.append(_ModelTime(at, (at - self.asked_at).total_seconds()))
 
-    def _token_count(self, payload: dict[str, Any]) -> TokenUsage | None:
-        """The usage this token_count event adds, or None when it adds nothing knowable.
+    def _token_count(self, payload: dict[str, Any]) -> tuple[TokenUsage, int] | None:
+        """The usage this token_count event adds and the input size of the request it
+        describes (its last_token_usage), or None when it adds nothing knowable.
 
         Codex writes the running total and the last request's usage. The total
         is the robust source: an event repeated with the same total adds 0,
@@ -530,7 +550,9 @@ class _Reader:
             self.budget.add(usage)
         if total is not None:
             self.previous_total = total
-        return usage
+        if usage is None:
+            return None
+        return usage, (last.input_tokens if last is not None else usage.input_size)
 
     @staticmethod
     def _usage_since(
@@ -637,7 +659,7 @@ def parse_codex(path: Path, *, max_bytes: int, data: bytes | None = None) -> Par
         raise TranscriptError(f"{path.name} is not a Codex session file")
 
     session_id = reader.session_id or _session_id_from_name(path)
-    turns = _build_turns(reader.events, session_id)
+    turns, before = _build_turns(reader.events, session_id)
     for turn in turns:
         turn.evidence.relative_to(reader.cwd)
     return ParsedThread(
@@ -654,6 +676,8 @@ def parse_codex(path: Path, *, max_bytes: int, data: bytes | None = None) -> Par
         turns=turns,
         problems=lines.problems,
         lines_read=lines.lines_read,
+        pre_turn_usage_by_model=before.usage_by_model,
+        pre_turn_long_context_usage=before.long_context,
     )
 
 
@@ -663,8 +687,23 @@ def _session_id_from_name(path: Path) -> str:
     return match.group(1) if match else path.stem
 
 
-def _build_turns(events: list[_Event], session_id: str) -> list[ParsedTurn]:
-    """Step two: events -> turns. Each usage and answer serves the latest turn."""
+@dataclass
+class _Sums:
+    """Usage per model with its long-context part (one source of one turn, or the work
+    before the first turn)."""
+
+    usage_by_model: dict[str, TokenUsage] = field(default_factory=dict)
+    long_context: LongContextUsage = field(default_factory=dict)
+
+    def add(self, event: _Usage) -> None:
+        add_request(
+            self.usage_by_model, self.long_context, event.model, event.usage, event.input_size
+        )
+
+
+def _build_turns(events: list[_Event], session_id: str) -> tuple[list[ParsedTurn], _Sums]:
+    """Step two: events -> turns, and the usage before the first turn. Each usage and
+    answer serves the latest turn."""
     # Prompt events are authoritative. Files without them (the oldest format)
     # fall back to user response_items, already stripped of injected context.
     source = (
@@ -675,7 +714,8 @@ def _build_turns(events: list[_Event], session_id: str) -> list[ParsedTurn]:
     turns: list[ParsedTurn] = []
     turn_ids: list[str | None] = []  # the Codex turn id of each turn, when known
     # Per turn, usage by source and model; one source is chosen per turn at the end.
-    usage: list[dict[str, dict[str, TokenUsage]]] = []
+    usage: list[dict[str, _Sums]] = []
+    before: dict[str, _Sums] = {"record": _Sums(), "count": _Sums()}
     used_ids: set[str] = set()
     latest_turn_id: str | None = None
     worked = False  # usage or an answer since the latest prompt
@@ -686,6 +726,10 @@ def _build_turns(events: list[_Event], session_id: str) -> list[ParsedTurn]:
             latest_turn_id = event.turn_id
         elif isinstance(event, _RecordedCommit):
             recorded = event.commit
+        elif isinstance(event, _RolledBack):
+            # Codex drops the latest turns from the thread's history; they were still run.
+            for turn in turns[-event.turns :]:
+                turn.rolled_back = True
         elif isinstance(event, _Evidence):
             if turns:
                 turns[-1].evidence.add(event.item)
@@ -712,7 +756,7 @@ def _build_turns(events: list[_Event], session_id: str) -> list[ParsedTurn]:
             if turn_id is not None:
                 used_ids.add(turn_id)
             turn_ids.append(turn_id)
-            usage.append({"record": {}, "count": {}})
+            usage.append({"record": _Sums(), "count": _Sums()})
             turns.append(
                 ParsedTurn(
                     index=len(turns),
@@ -725,8 +769,11 @@ def _build_turns(events: list[_Event], session_id: str) -> list[ParsedTurn]:
                 turns[-1].evidence.recorded_commit = recorded[:40]
                 recorded = None
             worked = False
-        elif turns:
-            # Work before the first prompt (none in practice) serves no turn.
+        elif not turns:
+            # Work before the first prompt serves no turn; the thread keeps its usage.
+            if isinstance(event, _Usage):
+                before[event.source].add(event)
+        else:
             turn = turns[-1]
             worked = True
             if turn.last_answer_at is None or event.at > turn.last_answer_at:
@@ -736,12 +783,17 @@ def _build_turns(events: list[_Event], session_id: str) -> list[ParsedTurn]:
             if isinstance(event, _Answer) and event.text:
                 turn.answered(event.text)
             if isinstance(event, _Usage):
-                by_model = usage[-1][event.source]
-                by_model[event.model] = by_model.get(event.model, TokenUsage()) + event.usage
+                usage[-1][event.source].add(event)
 
     for turn, by_source in zip(turns, usage, strict=True):
         # Per-response records are exact; token_count deltas cover files (or
         # turns written by older releases) that have no records.
-        turn.usage_by_model = by_source["record"] or by_source["count"]
+        chosen = _chosen(by_source)
+        turn.usage_by_model = chosen.usage_by_model
+        turn.long_context_usage = chosen.long_context
     make_message_ids_unique(turns)
-    return turns
+    return turns, _chosen(before)
+
+
+def _chosen(by_source: dict[str, _Sums]) -> _Sums:
+    return by_source["record"] if by_source["record"].usage_by_model else by_source["count"]

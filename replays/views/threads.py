@@ -16,7 +16,7 @@ from django.template.defaultfilters import pluralize
 from django.utils.text import Truncator
 from django.views.decorators.http import require_http_methods
 
-from replays import agents, importing, planning
+from replays import agents, importing, planning, pricing
 from replays.evaluation import evaluators
 from replays.formatting import short_path
 from replays.forms import ReplayForm, TranscriptUploadForm, readable_size
@@ -109,10 +109,46 @@ def thread_list(request: HttpRequest) -> HttpResponse:
 
 
 @dataclass
+class PricedModel:
+    """A model as the thread page lists it, with the price entry that priced it."""
+
+    model: str
+    entry: str | None  # None: no entry matched (unknown price)
+    known: bool  # whether `entry` says anything (the model used tokens)
+
+    @property
+    def note(self) -> str:
+        """Shown beside the model when the entry is not the model's own id."""
+        if not self.known or self.entry == self.model:
+            return ""
+        if self.entry is None:
+            return "unknown price"
+        if self.entry == pricing.FREE_ENTRY:
+            return "free variant: $0"
+        return f"priced as {self.entry}"
+
+    @property
+    def title(self) -> str:
+        if not self.known:
+            return "No tokens used"
+        if self.entry is None:
+            return "No entry of the price table matches this model: its cost is unknown"
+        return f"Price table entry: {self.entry}"
+
+
+def priced_models(models: list[str], priced_as: dict[str, str | None]) -> list[PricedModel]:
+    return [PricedModel(model, priced_as.get(model), model in priced_as) for model in models]
+
+
+@dataclass
 class TurnView:
     turn: Turn
     head: str
     rest: str
+
+    @property
+    def models(self) -> list[PricedModel]:
+        return priced_models(self.turn.models_used, self.turn.priced_as)
 
     @property
     def rest_label(self) -> str:
@@ -150,7 +186,15 @@ def _thread_page(
     for turn in thread.turns.order_by("index"):
         head, rest = split_request(turn.request)
         turns.append(TurnView(turn=turn, head=head, rest=rest))
-    context = {"thread": thread, "turns": turns, "form": form, "body_error": body_error}
+    pre_turn_tokens = sum(sum(usage.values()) for usage in thread.pre_turn_usage_by_model.values())
+    context = {
+        "thread": thread,
+        "turns": turns,
+        "models": priced_models(thread.models_used, thread.priced_as),
+        "pre_turn_tokens": pre_turn_tokens,
+        "form": form,
+        "body_error": body_error,
+    }
     return render(request, "replays/thread_detail.html", context, status=status)
 
 
