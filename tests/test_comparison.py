@@ -817,7 +817,7 @@ def test_an_unjudged_run_shows_the_verify_output_of_every_tree_it_ran_on(
     assert "ERROR collecting (the replay&#x27;s tree)" in tests
     assert tests.count("compare-state-failed") == 3
     # The review's reason, whole, in the verdict.
-    assert f"<pre class=\"callout-pre\">{escape(judgment.reason)}</pre>" in page
+    assert f'<pre class="callout-pre">{escape(judgment.reason)}</pre>' in page
 
 
 @pytest.mark.django_db

@@ -445,7 +445,10 @@ def test_cancel_of_a_queued_run_is_immediate_and_idempotent(
 
 CHANGES = {
     "models reordered": lambda config: {**config, "models": ["empty", "historical"]},
-    "a longer timeout": lambda config: {**config, "timeout_seconds": config["timeout_seconds"] + 60},
+    "a longer timeout": lambda config: {
+        **config,
+        "timeout_seconds": config["timeout_seconds"] + 60,
+    },
     "another verify command": lambda config: {**config, "verify_command": "true"},
     "another evaluator": lambda config: {**config, "evaluator": "tests"},
     "other test paths": lambda config: {**config, "test_paths": ["spec/**"]},

@@ -19,7 +19,6 @@ import shutil
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 

@@ -177,7 +177,11 @@ def test_a_failed_runs_reason_is_printed_whole_and_wrapped_to_the_terminal(
     reason = why.split("\n")[1:]
     assert reason[0] == "    The agent exited with code 1:"
     assert all(len(line) <= 60 for line in reason)
-    assert " ".join(line.strip() for line in reason).strip().endswith("AND THE CAUSE IS HERE AT THE END")
+    assert (
+        " ".join(line.strip() for line in reason)
+        .strip()
+        .endswith("AND THE CAUSE IS HERE AT THE END")
+    )
 
 
 def _default_sigint() -> None:

@@ -184,7 +184,7 @@ def test_a_card_shows_the_first_line_of_a_reason_whole_and_links_to_the_rest(
     )  # fmt: skip
     page = logged_in_client.get(batch.get_absolute_url()).content.decode()
     assert cause.replace("'", "&#x27;") in page
-    assert f"href=\"/runs/{unjudged.pk}/compare/\">The whole reason and the tests' output" in page
+    assert f'href="/runs/{unjudged.pk}/compare/">The whole reason and the tests\' output' in page
     card = page[page.index(f'id="run-{setup.pk}"') :]
     assert "Setup problem (not logged in): Not logged in · Please run /login" in card
     assert "not counted against the model: setup (the user&#x27;s or the provider&#x27;s)" in card
@@ -216,7 +216,7 @@ def test_a_batch_where_nothing_was_judged_says_so_not_results_ready(
 def test_equal_shown_values_mark_no_side_better(
     logged_in_client: Any, user: User, tmp_path: Path
 ) -> None:
-    """"Time <1s vs <1s (better)" marked a winner a person cannot see."""
+    """ "Time <1s vs <1s (better)" marked a winner a person cannot see."""
     batch, [run] = graph(user, tmp_path, ["historical"])
     complete(run, wall_seconds=0.6, cost_usd=Decimal("0.25"))
     report = judge(run, "tie", score_replay=1.0)

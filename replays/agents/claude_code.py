@@ -568,9 +568,7 @@ _API_ERRORS = {
 }
 
 
-def setup_problem(
-    api_error: str, result: Mapping[str, Any], words: str
-) -> SetupProblem | None:
+def setup_problem(api_error: str, result: Mapping[str, Any], words: str) -> SetupProblem | None:
     """The setup problem a failed Claude Code run reported: its typed error, else the HTTP
     status of the API's answer (`api_error_status`)."""
     kind = _API_ERRORS.get(api_error)

@@ -520,7 +520,9 @@ class _Renderer:
 
 OPENAI_KEYS = ("OPENAI_API_KEY", "CODEX_API_KEY")
 _PROVIDER_RE = re.compile(r"^model_provider\s*=\s*\"?([A-Za-z0-9_-]+)\"?$")
-_ENV_KEY_RE = re.compile(r"^model_providers\.([A-Za-z0-9_-]+)\.env_key\s*=\s*\"?([A-Za-z0-9_]*)\"?$")
+_ENV_KEY_RE = re.compile(
+    r"^model_providers\.([A-Za-z0-9_-]+)\.env_key\s*=\s*\"?([A-Za-z0-9_]*)\"?$"
+)
 
 
 def _provider_env_keys(args: list[str]) -> tuple[str, ...] | None:

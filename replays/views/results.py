@@ -104,9 +104,7 @@ def batch_list(request: HttpRequest) -> HttpResponse:
     rows = []
     for batch in page.object_list:
         active = sum(getattr(batch, f"count_{value}") for value in ACTIVE_RUN_STATUSES)
-        state, state_label = batch_state(
-            active=active, counts=counts.get(batch.pk, ResultCounts())
-        )
+        state, state_label = batch_state(active=active, counts=counts.get(batch.pk, ResultCounts()))
         rows.append(
             {
                 "batch": batch,
