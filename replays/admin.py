@@ -1,11 +1,24 @@
 from __future__ import annotations
 
-from django.contrib import admin
+from typing import Any
+
+from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from replays import hosts
-from replays.models import Batch, Host, LaunchError, Plan, Report, Review, Run, Thread, Turn
+from replays import accounts, hosts
+from replays.models import (
+    ApiToken,
+    Batch,
+    Host,
+    LaunchError,
+    Plan,
+    Report,
+    Review,
+    Run,
+    Thread,
+    Turn,
+)
 
 TOKEN_READONLY = (
     "input_tokens",
@@ -278,4 +291,32 @@ class HostAdmin(ProtocolReadOnlyAdmin):
         return ", ".join(
             f"{name} {answer}" if isinstance(answer, str) else f"{name}: not runnable"
             for name, answer in sorted(versions.items())
+        )
+
+
+@admin.register(ApiToken)
+class ApiTokenAdmin(admin.ModelAdmin):
+    """API tokens: only their sha256 is kept. Adding one makes a new key for the user
+    chosen and shows it once, in the page's message; nothing here shows a key again."""
+
+    list_display = ("user", "prefix", "created_at")
+    list_select_related = ("user",)
+    search_fields = ("user__username", "prefix")
+    fields = ("user", "prefix", "created_at")
+    readonly_fields = ("prefix", "created_at")
+
+    def get_readonly_fields(self, request: HttpRequest, obj: object = None) -> tuple[str, ...]:
+        # A token belongs to whom it was made for: only a new one chooses its user.
+        return ("user", *self.readonly_fields) if obj is not None else self.readonly_fields
+
+    def save_model(self, request: HttpRequest, obj: ApiToken, form: Any, change: bool) -> None:
+        if change:
+            return
+        token, key = accounts.create_api_token(user=obj.user)
+        obj.pk, obj.key_sha256, obj.prefix = token.pk, token.key_sha256, token.prefix
+        obj._state.adding = False
+        messages.warning(
+            request,
+            f"The new token of {obj.user}: {key} (send it as 'Authorization: Token <key>'). "
+            "Copy it now: only its sha256 is kept, it is not shown again.",
         )

@@ -33,7 +33,7 @@ from typing import Any
 
 from django.conf import settings
 
-from replays import agents, evidence, importing
+from replays import agents, evidence, importing, repos
 from replays.agents.base import ForkedSession
 from replays.models import SourceKind, Thread, Turn
 from replays.transcripts.claude_code import prompt_text
@@ -143,11 +143,18 @@ def requested_mode(context: str | dict[str, str] | None, model: str) -> str | No
 
 
 def resolve_modes(
-    thread: Thread, first: Turn, models: list[str], context: str | dict[str, str] | None
+    thread: Thread,
+    first: Turn,
+    models: list[str],
+    context: str | dict[str, str] | None,
+    *,
+    repository: Path | None = None,
+    baseline: str = "",
 ) -> dict[str, Resolved]:
     """The mode of each model for a range starting at `first`, with the reason (and a
     blocker for an explicit fork that cannot be done). The transcript is cut once, when a
-    fork is asked for or could be the default."""
+    fork is asked for or could be the default. With the repository and the baseline, a
+    thread folder that is a link there cannot be forked in (fork_folder_problem)."""
     problems: dict[str, str] = {}  # per tool: why its session cannot be forked ("" if it can)
     resolved = {}
     for model in models:
@@ -166,6 +173,8 @@ def resolve_modes(
             continue
         if info.kind not in problems:
             problems[info.kind] = fork_problem(thread, first, info.kind)
+            if not problems[info.kind] and repository is not None and baseline:
+                problems[info.kind] = fork_folder_problem(thread, repository, baseline)
         problem = problems[info.kind]
         if asked == FORK:
             blocker = f"Model {model} cannot fork thread {thread.pk}: {problem}" if problem else ""
@@ -195,6 +204,36 @@ def fork_problem(thread: Thread, first: Turn, kind: str) -> str:
     except CannotFork as exc:
         return str(exc)
     return ""
+
+
+def fork_folder_problem(thread: Thread, repository: Path, baseline: str) -> str:
+    """Why a fork cannot run in the thread's folder inside the worktree ("" when it can):
+    a folder on the way to it is a link in the repository at the baseline (`vendor ->
+    /somewhere/else`, `up -> ..`), which would put the agent, and Codex's writable root,
+    outside the worktree."""
+    prefix = evidence.PathMap.for_thread(thread.cwd, repository).prefix
+    if not prefix:
+        return ""
+    parts = prefix.split("/")
+    for index in range(1, len(parts) + 1):
+        folder = "/".join(parts[:index])
+        try:
+            entry = repos.tree_entry(repository, baseline, folder)
+        except repos.GitError as exc:
+            return f"the thread's folder {prefix} cannot be looked up at the baseline: {exc}"
+        if entry is None or entry.kind == "commit":
+            return ""  # not in the tree (a submodule is not checked out): the worktree's top
+        if entry.mode == LINK_MODE:
+            return (
+                f"the thread's folder {prefix} is not inside the worktree: {folder} is a "
+                "symbolic link in the repository at the baseline, and a fork runs only in the "
+                "run's own worktree"
+            )
+    return ""
+
+
+# Git's mode of a symbolic link.
+LINK_MODE = 0o120000
 
 
 # --- digest -------------------------------------------------------------------------------
@@ -274,6 +313,14 @@ def fork_session(
     old = paths.top
     if not cwd.is_dir():  # the thread's folder is not in the tree it starts from
         cwd, old = workspace, thread.cwd
+    # Links followed: the folder the agent (and Codex's -C, its writable root) gets must be
+    # the worktree's own, never where a committed link leads.
+    resolved, top = cwd.resolve(), workspace.resolve()
+    if resolved != top and top not in resolved.parents:
+        raise CannotFork(
+            f"the thread's folder {cwd.relative_to(workspace)} leads outside the worktree "
+            f"(to {resolved}): a fork runs only in the run's own worktree"
+        )
     old = old.rstrip("/")
     if old:
         values = [rewrite_folder(value, old, str(workspace)) for value in values]

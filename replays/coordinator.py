@@ -41,7 +41,17 @@ from django.db import (
 )
 from django.utils import timezone
 
-from replays import access, agents, context, pricing, processes, repos, runfolder, runlogs
+from replays import (
+    access,
+    agents,
+    context,
+    pricing,
+    processes,
+    repos,
+    runfolder,
+    runlogs,
+    sandbox,
+)
 from replays.agents.base import (
     Agent,
     AgentNotReady,
@@ -50,6 +60,7 @@ from replays.agents.base import (
     ForkedSession,
     Invocation,
     RunContext,
+    absurd_usage,
     error_from_log,
     plain_text,
     read_tail,
@@ -229,6 +240,7 @@ class _Member:
         self.agent: subprocess.Popen[bytes] | None = None
         self.agent_identity: ProcessIdentity | None = None
         self.adapter: Agent | None = None
+        self.is_baseline = False
         self.agent_finished = False
         self._next_review_beat = 0.0
 
@@ -273,6 +285,7 @@ class _Member:
             )
         adapter = agents.adapter_for(info.id)
         self.adapter = adapter
+        self.is_baseline = info.is_baseline
         # A baseline is one process whatever the range; an agent gets one turn per request.
         requests = [str(self.configuration.get("request", ""))]
         if not info.is_baseline and self.configuration.get("requests"):
@@ -348,7 +361,7 @@ class _Member:
             adapter.cleanup(first)
         except OSError as exc:
             self._note([f"Could not remove the agent's copied files: {_describe(exc)}"])
-        outcome = turns.total()
+        outcome = _bounded(turns.total())
 
         if ending == "cancelled":
             return _Result(
@@ -418,37 +431,72 @@ class _Member:
         it ended, its outcome, its seconds. A stopped agent's outcome keeps only what it
         spent (its usage, cost, model time)."""
         env = runfolder.agent_environment(invocation.env, run_id=self.run.pk)
+        cwd = turn.fork.cwd if turn.fork is not None else self.workspace
+        assert self.repo is not None
         started = time.monotonic()
         self.agent_finished = False
+        with _heartbeat_in_background(self.run.pk):  # git runs to prepare the sandbox
+            prepared = self._sandboxed(invocation, env, cwd=cwd)
         try:
-            self.agent, self.agent_identity = processes.spawn(
-                invocation.argv,
-                cwd=turn.fork.cwd if turn.fork is not None else self.workspace,
-                env=env,
-                log_path=self.log_path,
-                stdin_path=invocation.stdin_path,
-            )
-        except (FileNotFoundError, PermissionError) as exc:
-            if exc.filename not in (None, invocation.argv[0]):
-                raise  # the working folder or the log, not the program: ours
-            raise AgentNotReady(
-                SetupProblem(
-                    SetupKind.PROGRAM_MISSING,
-                    f"{invocation.argv[0]} cannot start: {exc.strerror or exc}.",
+            try:
+                self.agent, self.agent_identity = prepared.spawn(
+                    cwd=cwd, log_path=self.log_path, stdin_path=invocation.stdin_path
                 )
-            ) from None
-        # Recorded at once: a reconcile after a lost coordinator kills this tree.
-        self._update(
-            agent_pid=self.agent_identity.pid,
-            agent_pid_create_time=self.agent_identity.create_time,
-        )
-        ending = self._wait_for_agent(deadline)
-        seconds = round(time.monotonic() - started, 3)
-        if ending in ("cancelled", "timeout"):
-            return ending, self._partial_outcome(adapter, turn), seconds
-        outcome = adapter.outcome(turn, exit_code=int(ending))
+            except (FileNotFoundError, PermissionError) as exc:
+                if exc.filename not in (None, prepared.argv[0]):
+                    raise  # the working folder or the log, not the program: ours
+                raise AgentNotReady(
+                    SetupProblem(
+                        SetupKind.PROGRAM_MISSING,
+                        f"{prepared.argv[0]} cannot start: {exc.strerror or exc}.",
+                    )
+                ) from None
+            # Recorded at once: a reconcile after a lost coordinator kills this tree.
+            self._update(
+                agent_pid=self.agent_identity.pid,
+                agent_pid_create_time=self.agent_identity.create_time,
+            )
+            ending = self._wait_for_agent(deadline)
+            seconds = round(time.monotonic() - started, 3)
+            if ending in ("cancelled", "timeout"):
+                return ending, self._partial_outcome(adapter, turn), seconds
+            not_started = prepared.failure(read_tail(self.log_path, max_bytes=16 * 1024))
+        finally:
+            prepared.close()
+        if not_started:
+            # bwrap never ran the program: missing in the sandbox (execvp), or the sandbox
+            # itself could not be made. Not the model's doing either way.
+            kind = SetupKind.PROGRAM_MISSING if "execvp" in not_started else SetupKind.SANDBOX
+            words = f"The sandbox could not start the agent: {not_started}"
+            outcome = AgentOutcome(failed=True, error=words, setup=SetupProblem(kind, words))
+            return ending, outcome, seconds
+        outcome = _bounded(adapter.outcome(turn, exit_code=int(ending)))
         self._note(outcome.notes)
         return ending, outcome, seconds
+
+    def _sandboxed(
+        self, invocation: Invocation, env: dict[str, str], *, cwd: Path
+    ) -> sandbox.Prepared:
+        """The agent's start in its sandbox: its run folder (worktree and homes) writable,
+        its program and the system read-only, what git needs for the worktree. A baseline
+        runs only our own commands (git apply of the historical diff) and is not
+        sandboxed."""
+        assert self.adapter is not None and self.repo is not None
+        if self.is_baseline:
+            return sandbox.unsandboxed(invocation.argv, env)
+        try:
+            return runfolder.start_sandboxed(
+                invocation.argv,
+                env,
+                cwd=cwd,
+                writable=[self.run_dir],
+                home=self.run_dir / runfolder.AGENT_HOME,
+                files=invocation.shown,
+                git=(self.repo, self.workspace),
+            )
+        except sandbox.SandboxUnavailable as exc:
+            # No bwrap that works here: the deployment's setup, said with its fix.
+            raise AgentNotReady(SetupProblem(SetupKind.SANDBOX, str(exc))) from None
 
     def _session(self, turn: RunContext) -> str:
         """The session a finished turn ran in ("" when the agent keeps none or did not say)."""
@@ -488,7 +536,9 @@ class _Member:
         assert self.repo is not None
         try:
             with _heartbeat_in_background(self.run.pk):
-                diff = repos.workspace_diff(self.repo, self.workspace, baseline)
+                diff = repos.workspace_diff(
+                    self.repo, self.workspace, baseline, private_objects=self._private_objects()
+                )
         except repos.GitError as exc:
             self._note([f"The diff after this request could not be taken: {_describe(exc)}"])
             return ""
@@ -572,11 +622,13 @@ class _Member:
         except Exception as exc:  # a half-written log must not hide why the run stopped
             self._note([f"Usage of the stopped agent could not be read: {_describe(exc)}"])
             return AgentOutcome()
-        return AgentOutcome(
-            usage=outcome.usage,
-            cost_usd=outcome.cost_usd,
-            model_seconds=outcome.model_seconds,
-            setup=outcome.setup,
+        return _bounded(
+            AgentOutcome(
+                usage=outcome.usage,
+                cost_usd=outcome.cost_usd,
+                model_seconds=outcome.model_seconds,
+                setup=outcome.setup,
+            )
         )
 
     def _write_run_folder(self, first_request: str) -> None:
@@ -655,7 +707,9 @@ class _Member:
     def _collect_diff(self, result: _Result, baseline: str) -> None:
         try:
             with _heartbeat_in_background(self.run.pk):
-                diff = repos.workspace_diff(self.repo, self.workspace, baseline)
+                diff = repos.workspace_diff(
+                    self.repo, self.workspace, baseline, private_objects=self._private_objects()
+                )
             result.files_changed = len(repos.changed_files(diff))
             limit = settings.REPLAYS_MAX_DIFF_BYTES
             if len(diff.encode("utf-8", errors="surrogateescape")) > limit:
@@ -739,6 +793,11 @@ class _Member:
         self.agent.poll()
         self.agent_finished = True
 
+    def _private_objects(self) -> Path | None:
+        """The object store the sandboxed agent's git wrote to (its commits), for our own
+        git to read the worktree with; None when the agent was not sandboxed."""
+        return runfolder.collected_objects(self.workspace)
+
     def _remove_worktree(self) -> None:
         if not self.worktree_added or self.repo is None or settings.REPLAYS_KEEP_WORKSPACES:
             return
@@ -755,9 +814,10 @@ class _Member:
         if not lines:
             return
         try:
-            with self.log_path.open("a", encoding="utf-8") as log:
+            # Never through a link or into a FIFO the agent left in the log's place.
+            with processes.open_log_for_append(self.log_path) as log:
                 for line in lines:
-                    log.write(f"[replays] {line}\n")
+                    log.write(f"[replays] {line}\n".encode("utf-8", errors="replace"))
         except OSError as exc:
             logger.warning("Run %s: cannot write to %s: %s", self.run.pk, self.log_path, exc)
 
@@ -858,6 +918,24 @@ def _request_dispatch() -> None:
 
 
 # --- text helpers --------------------------------------------------------------------
+
+
+def _bounded(outcome: AgentOutcome) -> AgentOutcome:
+    """The outcome, unless its figures are beyond any run's (the adapters say so for what
+    they read; this holds for every agent and for the sum of a range's turns): then a
+    failure of the agent saying which figure, its usage unknown, so the run fails as the
+    agent's error with its diff kept instead of breaking the money and token columns."""
+    absurd = absurd_usage(outcome)
+    if not absurd:
+        return outcome
+    message = f"The agent {absurd}: its figures were not kept."
+    return AgentOutcome(
+        final_message=outcome.final_message,
+        failed=True,
+        error=message,
+        setup=outcome.setup,
+        notes=[*outcome.notes, message],
+    )
 
 
 def _describe(exc: BaseException) -> str:

@@ -531,7 +531,12 @@ def _collect_partial_work(run: Run) -> dict[str, Any]:
         return {}
     kept: dict[str, Any] = {}
     try:
-        diff = repos.workspace_diff(Path(repository), workspace, baseline)
+        diff = repos.workspace_diff(
+            Path(repository),
+            workspace,
+            baseline,
+            private_objects=runfolder.collected_objects(workspace),
+        )
         kept = {
             "diff": diff[: settings.REPLAYS_MAX_DIFF_BYTES],
             "files_changed": len(repos.changed_files(diff)),

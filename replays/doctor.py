@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.core.cache import caches
@@ -26,7 +27,7 @@ from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.migrations.executor import MigrationExecutor
 from django.utils import timezone
 
-from replays import agents, hosts
+from replays import agents, hosts, runfolder
 from replays.agents.problems import MISSING, READY
 from replays.models import Host, Run, RunStatus
 from replaysite.folders import project_above
@@ -87,6 +88,8 @@ def diagnose() -> Diagnosis:
             _check_clusters(checks, known, now)
             _check_queue(checks, known, now)
     _check_run_root(checks, here)
+    _check_sandbox(checks, here)
+    _check_passwords(checks)
     _check_repository_roots(checks, here, known)
     _check_agents(checks, here, known)
     _check_logins(checks, here)
@@ -373,6 +376,64 @@ def _check_queue(checks: list[Check], known: list[Host], now: datetime) -> None:
             "cluster is taking tasks. Restart the cluster (systemctl restart "
             "replays-worker); a cluster one of whose processes was killed can stop taking "
             "tasks while it still looks alive.",
+        )
+    )
+
+
+# --- The sandbox --------------------------------------------------------------------------
+
+
+def _check_sandbox(checks: list[Check], here: str) -> None:
+    """Every process a run starts runs in bubblewrap: missing or unable to make its
+    namespaces, runs are refused here, unless the operator chose the single-user mode."""
+    if not runfolder.sandbox_required():
+        checks.append(
+            Check(
+                "sandbox",
+                here,
+                WARNING,
+                "Runs start unsandboxed (REPLAYS_SANDBOX=off): every agent, verify command "
+                "and evaluator can read what this account can, the database, the secret key "
+                "and every user's data included. Only for a single user on their own machine.",
+            )
+        )
+        return
+    reason = runfolder.sandbox_unavailable_reason(fresh=True)
+    if reason:
+        checks.append(Check("sandbox", here, ERROR, reason))
+        return
+    checks.append(
+        Check(
+            "sandbox",
+            here,
+            OK,
+            f"bubblewrap ({settings.REPLAYS_SANDBOX_BWRAP}) sandboxes every process a run "
+            "starts.",
+        )
+    )
+
+
+def _check_passwords(checks: list[Check]) -> None:
+    """A run has the network, so it reaches whatever the worker reaches: a database or a
+    Redis that asks no password over TCP is open to it (an open Redis would take tasks for
+    the clusters from it)."""
+    open_services = []
+    database = settings.DATABASES["default"]
+    if "postgresql" in database["ENGINE"] and not database.get("PASSWORD"):
+        open_services.append("DATABASE_URL names no password")
+    redis_url = settings.REDIS_URL
+    if redis_url and not urlsplit(redis_url).password:
+        open_services.append("REDIS_URL names no password")
+    if not open_services:
+        return
+    checks.append(
+        Check(
+            "passwords",
+            None,
+            WARNING,
+            f"{' and '.join(open_services)}: a run has the network and reaches what this "
+            "machine reaches, so the database and Redis must ask for a password over TCP "
+            "(docs/deployment.md).",
         )
     )
 

@@ -23,6 +23,7 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models.functions import Now
 from django.utils import timezone
 
+from replays import runfolder
 from replays.agents.base import program_unavailable_reason
 from replays.agents.claude_code import ClaudeCodeAgent
 from replays.agents.codex import CodexAgent
@@ -111,6 +112,9 @@ def host_details() -> dict[str, Any]:
 
     return {
         "run_root": str(settings.REPLAYS_RUN_ROOT),
+        # Why runs cannot start here for want of a sandbox ("" when they can).
+        "sandbox": runfolder.sandbox_unavailable_reason(),
+        "sandbox_mode": settings.REPLAYS_SANDBOX,
         "repository_roots": [str(Path(root)) for root in settings.REPLAYS_REPOSITORY_ROOTS],
         "pid": os.getpid(),
         "broker": "redis" if settings.Q_CLUSTER.get("redis") else "orm",

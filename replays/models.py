@@ -855,6 +855,33 @@ class RunLog(models.Model):
         return f"Log of run {self.run_id} ({self.size:,} bytes)"
 
 
+class ApiToken(models.Model):
+    """A key to the API (`Authorization: Token <key>`). Only its sha256 is kept: the key
+    itself is shown once, when it is made (replays.accounts.create_api_token), so a copy
+    of the database opens nobody's account."""
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens"
+    )
+    key_sha256 = models.CharField(max_length=SHA256_LENGTH)
+    # The key's first characters, to tell a user's tokens apart (never enough to use one).
+    prefix = models.CharField(max_length=8, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            # A key opens one account.
+            models.UniqueConstraint(fields=["key_sha256"], name="apitoken_unique_key"),
+            # A sha256 in hex, never a key kept in the clear.
+            models.CheckConstraint(
+                condition=Q(key_sha256__regex=r"^[0-9a-f]{64}$"), name="apitoken_key_is_sha256"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"API token {self.prefix}… of {self.user}"
+
+
 class Host(models.Model):
     """One machine's django-q2 cluster (REPLAYS_HOST_NAME), as it last reported itself:
     the doctor and the pages read these. Written by the cluster at start and on its own

@@ -23,7 +23,7 @@ from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.utils import timezone
 
-from replays import access, agents, context, evidence, repos
+from replays import access, agents, context, evidence, repos, runfolder
 from replays.agents.problems import MISSING
 from replays.evaluation import checks, evaluators
 from replays.models import (
@@ -984,7 +984,12 @@ def resolve_thread_context(
     if first is None:
         return
     resolved = context.resolve_modes(
-        thread, first, configuration["models"], configuration.get("context")
+        thread,
+        first,
+        configuration["models"],
+        configuration.get("context"),
+        repository=Path(prep.repository) if prep.repository else None,
+        baseline=prep.baseline_commit,
     )
     prep.context = {model: item.as_dict() for model, item in resolved.items()}
     prep.blockers += [item.blocker for item in resolved.values() if item.blocker]
@@ -1166,6 +1171,23 @@ def status_phrase(status: str) -> str:
 # --- The service -----------------------------------------------------------------------
 
 
+def _starts_processes(configuration: dict[str, Any], evaluator: str | None) -> bool:
+    """Whether the plan's runs would start a process of a model's or the user's choosing:
+    an agent, a verify command or a model evaluator (the baselines and the `tests`
+    evaluator without a verify command start none)."""
+    if configuration.get("verify_command"):
+        return True
+    if evaluator and evaluator != evaluators.TESTS:
+        return True
+    for model in configuration["models"]:
+        try:
+            if not agents.resolve_model(model).is_baseline:
+                return True
+        except agents.UnknownModel:
+            continue
+    return False
+
+
 def prepare_plan(*, owner: AbstractBaseUser, raw_configuration: Any) -> PreparedPlan:
     configuration = normalise_configuration(raw_configuration)
     threads = load_threads(configuration, owner)
@@ -1184,6 +1206,11 @@ def prepare_plan(*, owner: AbstractBaseUser, raw_configuration: Any) -> Prepared
     if evaluator not in unavailable:  # else the same reason is said once, for the model
         plan_blockers += evaluator_blockers
     warnings = login_warnings + warnings + _evaluator_login_warnings(evaluator, configuration)
+    if _starts_processes(configuration, evaluator):
+        # Everything a run starts runs in the sandbox; without one here, nothing may run.
+        sandbox_reason = runfolder.sandbox_unavailable_reason()
+        if sandbox_reason:
+            plan_blockers.append(sandbox_reason)
     preparations = [
         prepare_thread(thread, item, configuration, evaluator=evaluator, owner=owner)
         for thread, item in zip(threads, configuration["configurations"], strict=True)

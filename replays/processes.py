@@ -8,9 +8,11 @@ also reaches their grandchildren.
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -20,6 +22,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import psutil
 
@@ -94,11 +97,17 @@ def spawn(
     env: Mapping[str, str],
     log_path: Path,
     stdin_path: Path | None = None,
+    pass_fds: Sequence[int] = (),
 ) -> tuple[subprocess.Popen[bytes], ProcessIdentity]:
-    """Start argv (never through a shell) in its own session, output appended to log_path."""
+    """Start argv (never through a shell) in its own session, output appended to log_path.
+
+    The log may lie where an earlier process of the same run could write (its run
+    folder): it is opened without following a link and never a FIFO or a device, so an
+    agent cannot point the next turn's output at a file of ours or make the start hang.
+    """
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with (
-        log_path.open("ab") as log,
+        open_log_for_append(log_path) as log,
         stdin_path.open("rb") if stdin_path else open(os.devnull, "rb") as stdin,
     ):
         process = subprocess.Popen(
@@ -110,6 +119,7 @@ def spawn(
             stderr=subprocess.STDOUT,
             start_new_session=True,
             close_fds=True,
+            pass_fds=tuple(pass_fds),
         )
     identity = identity_of(process.pid)
     if identity is None:
@@ -157,7 +167,7 @@ def fork_detached(
     """
     reap_forked()
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
     try:
         with _no_fork:
             pid = os.fork()
@@ -322,6 +332,25 @@ _ANSI_ESCAPE_RE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x
 _CONTROL_RE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 
 
+# What a log served as text shows as `\xNN` / `\uNNNN` rather than sends raw: C0 controls
+# but tab and newline, DEL, C1 controls, and the bidirectional overrides that reorder what
+# a reader sees.
+_INVISIBLE_RE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def visible_controls(text: str) -> str:
+    """`text` with every terminal escape and control character written out as text
+    (ESC as `\x1b`), so a log shown in a browser or a terminal cannot drive it, and a
+    reader still sees what the program printed."""
+    text = text.replace("\r\n", "\n")
+
+    def shown(match: re.Match[str]) -> str:
+        code = ord(match.group())
+        return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+    return _INVISIBLE_RE.sub(shown, text)
+
+
 def plain_text(text: str) -> str:
     """Text safe to store and show: no terminal escapes, no control characters but tab/newline.
 
@@ -332,16 +361,83 @@ def plain_text(text: str) -> str:
     return _CONTROL_RE.sub("", _ANSI_ESCAPE_RE.sub("", text))
 
 
-def read_tail(path: Path, *, max_bytes: int = 64 * 1024, max_lines: int = 200) -> str:
-    """The last lines of a process's log file as plain text ("" when it does not exist)."""
+# --- Files a run's processes could have written -------------------------------------
+#
+# Everything under a run's folder or worktree may have been replaced by its agent: a link
+# to a file of ours, a FIFO that blocks whoever opens it, a link to /dev/zero that never
+# ends. Such files are opened without following a link and without blocking, used only
+# when they are regular files, and read no further than a bound.
+
+_SAFE_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+class UnsafeFile(OSError):
+    """A file a run could have written is a link, a FIFO, a device or a folder: not read."""
+
+
+@contextmanager
+def open_untrusted(path: Path) -> Iterator[BinaryIO]:
+    """`path` opened for reading if it is a regular file (never through a link, never
+    waiting on a FIFO); FileNotFoundError when it is missing, UnsafeFile when it is
+    something else."""
     try:
-        with path.open("rb") as log:
-            log.seek(0, 2)
-            size = log.tell()
-            log.seek(max(0, size - max_bytes))
-            data = log.read()
+        descriptor = os.open(path, _SAFE_READ)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UnsafeFile(errno.ELOOP, "it is a symbolic link", str(path)) from None
+        raise
+    handle = os.fdopen(descriptor, "rb")
+    try:
+        if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+            raise UnsafeFile(errno.EINVAL, "it is not a regular file", str(path))
+        os.set_blocking(descriptor, True)
+        yield handle
+    finally:
+        handle.close()
+
+
+def read_untrusted(path: Path, *, max_bytes: int) -> bytes:
+    """The content of a file a run could have written, at most max_bytes + 1 bytes (so a
+    caller can tell "larger than the bound"); errors as open_untrusted."""
+    with open_untrusted(path) as handle:
+        return handle.read(max_bytes + 1)
+
+
+def read_untrusted_end(path: Path, *, max_bytes: int) -> tuple[bytes, int]:
+    """The last max_bytes of a file a run could have written, and how many bytes come
+    before them; errors as open_untrusted."""
+    with open_untrusted(path) as handle:
+        size = os.fstat(handle.fileno()).st_size
+        cut = max(0, size - max_bytes)
+        handle.seek(cut)
+        return handle.read(max_bytes), cut
+
+
+def open_log_for_append(path: Path) -> BinaryIO:
+    """A log file opened for appending (created 0600 when missing), refused when something
+    else stands at its path (UnsafeFile): output never goes through a link or into a FIFO."""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        descriptor = os.open(path, flags, 0o600)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENXIO):
+            raise UnsafeFile(exc.errno, "it is not a regular file", str(path)) from None
+        raise
+    if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+        os.close(descriptor)
+        raise UnsafeFile(errno.EINVAL, "it is not a regular file", str(path))
+    os.set_blocking(descriptor, True)
+    return os.fdopen(descriptor, "ab")
+
+
+def read_tail(path: Path, *, max_bytes: int = 64 * 1024, max_lines: int = 200) -> str:
+    """The last lines of a process's log file as plain text ("" when it does not exist or
+    is not a regular file: see open_untrusted)."""
+    try:
+        data, cut = read_untrusted_end(path, max_bytes=max_bytes)
     except OSError:
         return ""
+    size = cut + len(data)
     if size > max_bytes:
         # Cut at a line start: the first line read is usually a fragment.
         newline = data.find(b"\n")

@@ -30,7 +30,7 @@ import subprocess
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -165,6 +165,8 @@ def _run_git(
     """
     argv = ["git", *(tree.git_args if tree else []), *args]
     command = " ".join(argv)
+    if tree is not None:
+        env = {**tree.env, **(env or {})}
     try:
         # text=False on purpose: git output can hold any bytes (file names, diffs).
         result = subprocess.run(
@@ -204,6 +206,24 @@ class UntrustedTree:
     git_dir: Path
     work_tree: Path
     filters: tuple[str, ...] = ()
+    # The repository's own git folder: named to git outright, so a `commondir` file the
+    # agent rewrote in the worktree's admin folder cannot lead git to a configuration
+    # (filters, say) of the agent's making.
+    common_dir: Path | None = None
+    # A sandboxed worktree's private object store (replays.sandbox.GitAccess): git reads
+    # the agent's commits there and writes what it stages there too, so nothing a run
+    # made lands in the repository's own store, where later runs could read it.
+    private_objects: Path | None = None
+
+    @property
+    def env(self) -> dict[str, str]:
+        env: dict[str, str] = {}
+        if self.common_dir is not None:
+            env["GIT_COMMON_DIR"] = str(self.common_dir)
+            if self.private_objects is not None:
+                env["GIT_OBJECT_DIRECTORY"] = str(self.private_objects)
+                env["GIT_ALTERNATE_OBJECT_DIRECTORIES"] = str(self.common_dir / "objects")
+        return env
 
     @property
     def git_args(self) -> list[str]:
@@ -224,17 +244,43 @@ class UntrustedTree:
         return args
 
 
-def untrusted_tree(repo: Path, worktree: Path) -> UntrustedTree:
+def untrusted_tree(
+    repo: Path, worktree: Path, *, private_objects: Path | None = None
+) -> UntrustedTree:
     """How to run git on `worktree`, a worktree of `repo`, trusting nothing in it."""
+    common_dir, git_dir = worktree_git_dirs(repo, worktree)
+    found = UntrustedTree(
+        git_dir=git_dir,
+        work_tree=worktree.absolute(),
+        common_dir=common_dir,
+        private_objects=private_objects,
+    )
+    # Filters as this worktree's git sees them (a worktree's own config.worktree included).
+    defined = _run_git(
+        repo, ["config", "--name-only", "--get-regexp", r"^filter\."], ok_codes=(0, 1), tree=found
+    ).stdout.decode("utf-8", errors="replace")
+    filters = sorted(
+        {line.split(".", 1)[1].rsplit(".", 1)[0] for line in defined.splitlines() if "." in line}
+    )
+    return replace(found, filters=tuple(filters))
+
+
+def worktree_git_dirs(repo: Path, worktree: Path) -> tuple[Path, Path]:
+    """(the repository's git folder, the worktree's admin folder registered there) of
+    `worktree`, a worktree of `repo`; found from the repository, never from the
+    worktree's own `.git` file. GitError when it is not one of its worktrees."""
     common = _run_git(repo, ["rev-parse", "--path-format=absolute", "--git-common-dir"])
-    admin_root = Path(os.fsdecode(common.stdout.strip())) / "worktrees"
+    common_dir = Path(os.fsdecode(common.stdout.strip()))
+    admin_root = common_dir / "worktrees"
     expected = (worktree.absolute() / ".git").resolve(strict=False)
     git_dir = None
     if admin_root.is_dir():
         for admin in sorted(admin_root.iterdir()):
             gitdir_file = admin / "gitdir"
             try:
-                registered = Path(gitdir_file.read_text(encoding="utf-8").strip())
+                # Never a FIFO or a link a worktree's git (an agent's) left there.
+                raw = processes.read_untrusted(gitdir_file, max_bytes=4096)
+                registered = Path(os.fsdecode(raw.strip()))
             except OSError:
                 continue
             if registered.resolve(strict=False) == expected:
@@ -242,13 +288,7 @@ def untrusted_tree(repo: Path, worktree: Path) -> UntrustedTree:
                 break
     if git_dir is None:
         raise GitError(f"{worktree} is not a worktree of {repo}")
-    defined = _run_git(
-        repo, ["config", "--name-only", "--get-regexp", r"^filter\."], ok_codes=(0, 1)
-    ).stdout.decode("utf-8", errors="replace")
-    filters = sorted(
-        {line.split(".", 1)[1].rsplit(".", 1)[0] for line in defined.splitlines() if "." in line}
-    )
-    return UntrustedTree(git_dir=git_dir, work_tree=worktree.absolute(), filters=tuple(filters))
+    return common_dir, git_dir
 
 
 def _text(raw: bytes) -> str:
@@ -880,7 +920,9 @@ def sha256_text(text: str) -> str:
     return hashlib.sha256(_to_bytes(text)).hexdigest()
 
 
-def workspace_diff(repo: Path, worktree: Path, baseline: str) -> str:
+def workspace_diff(
+    repo: Path, worktree: Path, baseline: str, *, private_objects: Path | None = None
+) -> str:
     """Everything changed in `worktree` (a worktree of `repo` an agent worked in) since
     baseline: edits, new untracked files, deletions.
 
@@ -889,7 +931,7 @@ def workspace_diff(repo: Path, worktree: Path, baseline: str) -> str:
     (UntrustedTree): it runs from the repository we opened, not from inside the tree.
     """
     _refuse_option(baseline, "commit")
-    tree = untrusted_tree(repo, worktree)
+    tree = untrusted_tree(repo, worktree, private_objects=private_objects)
     _run_git(repo, ["add", "-A", "--", "."], timeout=SLOW_GIT_TIMEOUT_SECONDS, tree=tree)
     return _diff(repo, ["--cached", baseline], tree=tree)
 

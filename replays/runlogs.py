@@ -16,6 +16,7 @@ from django.conf import settings
 from django.db import DatabaseError
 from django.utils import timezone
 
+from replays import processes
 from replays.models import Run, RunLog
 from replays.runfolder import AGENT_LOG, run_folder
 from replays.transcripts import store
@@ -66,16 +67,15 @@ def log_text(run: Run) -> str | None:
 
 
 def _read_end(path: Path) -> tuple[bytes, int]:
-    """The last REPLAYS_MAX_LOG_BYTES of the file, and how many bytes come before them."""
-    limit = int(settings.REPLAYS_MAX_LOG_BYTES)
-    with path.open("rb") as handle:
-        cut = max(0, handle.seek(0, 2) - limit)
-        handle.seek(cut)
-        return handle.read(limit), cut
+    """The last REPLAYS_MAX_LOG_BYTES of the file, and how many bytes come before them.
+    The agent could have put a link or a FIFO in the log's place: refused (OSError), never
+    followed or waited on (processes.read_untrusted_end)."""
+    return processes.read_untrusted_end(path, max_bytes=int(settings.REPLAYS_MAX_LOG_BYTES))
 
 
 def _with_cut(data: bytes, cut: int) -> str:
-    text = data.decode("utf-8", errors="replace")
+    # Served as text to browsers and terminals: escapes written out, never sent raw.
+    text = processes.visible_controls(data.decode("utf-8", errors="replace"))
     if cut:
         kept = settings.REPLAYS_MAX_LOG_BYTES
         return (

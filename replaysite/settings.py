@@ -10,6 +10,7 @@ import json
 import os
 import secrets
 import socket
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
@@ -93,7 +94,15 @@ def env_path(name: str, default: Path) -> Path:
 REPLAYS_VAR_DIR = env_path("REPLAYS_VAR_DIR", BASE_DIR / "var")
 # Run folders (worktrees) never lie inside a project: see replaysite/folders.py.
 REPLAYS_RUN_ROOT = env_path("REPLAYS_RUN_ROOT", default_run_root(REPLAYS_VAR_DIR))
+# Everything a Replays process makes is private to its account: the SQLite database and
+# its WAL, uploaded transcripts, run folders, the secret key (other local accounts read
+# nothing of it). Set here, before anything is made, in every process (web, cluster,
+# coordinators, commands); the systemd units say UMask=0077 as well.
+os.umask(0o077)
 REPLAYS_VAR_DIR.mkdir(parents=True, exist_ok=True)
+# A var folder made before (0755) is closed too: nothing inside can be reached through it.
+if REPLAYS_VAR_DIR.stat().st_uid == os.geteuid() and REPLAYS_VAR_DIR.stat().st_mode & 0o077:
+    REPLAYS_VAR_DIR.chmod(0o700)
 (REPLAYS_VAR_DIR / "static").mkdir(exist_ok=True)
 
 # Repositories are opened only under these folders (":"-separated; symlinks are followed
@@ -212,6 +221,37 @@ DEFAULT_AGENTS: dict[str, dict[str, object]] = {
 }
 REPLAYS_AGENTS = _agents() if REPLAYS_AGENTS_FILE else DEFAULT_AGENTS
 
+# --- The sandbox ---------------------------------------------------------------------
+
+# Every process a run starts (agents, the verify command, evaluators) runs in a bubblewrap
+# sandbox (README, "Security model"): "bwrap" (the default). Without a working bwrap on a
+# machine its runs are refused, unless this is "off": runs then start unsandboxed, able to
+# read everything this account can (the database, the secret key, every user's data), so
+# only for a single user on their own machine; every page says so.
+REPLAYS_SANDBOX = env_str("REPLAYS_SANDBOX", "bwrap").lower()
+if REPLAYS_SANDBOX not in ("bwrap", "off"):
+    raise ValueError(f"REPLAYS_SANDBOX must be bwrap or off, not {REPLAYS_SANDBOX!r}")
+# The bwrap program (a name on PATH or a path).
+REPLAYS_SANDBOX_BWRAP = env_str("REPLAYS_SANDBOX_BWRAP", "bwrap")
+# The verify command runs without network unless this is on (agents and evaluators always
+# have it: they call their model's API).
+REPLAYS_SANDBOX_VERIFY_NETWORK = env_bool("REPLAYS_SANDBOX_VERIFY_NETWORK", False)
+# Folders every sandbox shows read-only besides the system (":"-separated): toolchains a
+# verify command or an agent needs (/opt/go, a Python installation). An agent's own
+# program (its installation) is shown without being listed.
+REPLAYS_SANDBOX_READ_ONLY_PATHS = [
+    Path(path).expanduser()
+    for path in env_str("REPLAYS_SANDBOX_READ_ONLY_PATHS").split(":")
+    if path.strip()
+]
+# Paths inside what a sandbox shows (the system's /etc, a read-only folder above) that it
+# must not see (":"-separated), besides those always hidden (README).
+REPLAYS_SANDBOX_HIDDEN_PATHS = [
+    Path(path).expanduser()
+    for path in env_str("REPLAYS_SANDBOX_HIDDEN_PATHS").split(":")
+    if path.strip()
+]
+
 # --- Evaluation ----------------------------------------------------------------------
 
 # The evaluator of a plan that names none: `tests` or a model id (AGENT:MODEL). Unset:
@@ -233,12 +273,15 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "django.contrib.humanize",
+    # API tokens are replays.models.ApiToken, kept hashed (rest_framework.authtoken kept
+    # them in the clear: replays' migration 0013 hashes those and empties its table).
     "rest_framework",
-    "rest_framework.authtoken",
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "django_q",
     "django_htmx",
+    # Sign-in attempts limited per account and per address, with a lockout.
+    "axes",
     "replays",
 ]
 
@@ -254,6 +297,16 @@ MIDDLEWARE = [
     "django_htmx.middleware.HtmxMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # The pages' writes share the API's per-user write limit (REPLAYS_API_WRITE_RATE).
+    "replays.middleware.PageWriteThrottleMiddleware",
+    # Last, as django-axes asks: it answers a locked-out sign-in.
+    "axes.middleware.AxesMiddleware",
+]
+
+# django-axes checks every sign-in first (the lockout), then Django's own accounts.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
 ]
 
 ROOT_URLCONF = "replaysite.urls"
@@ -268,6 +321,8 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                # The unsandboxed single-user mode (or a missing sandbox) on every page.
+                "replays.views.common.sandbox_notice",
             ],
         },
     },
@@ -319,7 +374,7 @@ LOGOUT_REDIRECT_URL = "login"
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "rest_framework.authentication.TokenAuthentication",
+        "replays.api.authentication.HashedTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
@@ -332,8 +387,27 @@ REST_FRAMEWORK = {
     # Views with throttle_scope "write" (every POST) allow REPLAYS_API_WRITE_RATE per user.
     "DEFAULT_THROTTLE_CLASSES": ["replays.api.throttling.WriteThrottle"],
 }
-# Writes (POSTs) through the API per user: a person never gets near it, a runaway script does.
+# Writes (POSTs) per user, through the API and the pages alike: a person never gets near
+# it, a runaway script does.
 REPLAYS_API_WRITE_RATE = env_rate("REPLAYS_API_WRITE_RATE", "120/minute")
+
+# --- Signing in (django-axes) --------------------------------------------------------
+
+# After this many wrong passwords for one account, or from one address, that account or
+# address cannot sign in for REPLAYS_LOGIN_LOCKOUT_MINUTES (the page says so).
+REPLAYS_LOGIN_FAILURES = env_int("REPLAYS_LOGIN_FAILURES", 5, minimum=1)
+REPLAYS_LOGIN_LOCKOUT_MINUTES = env_int("REPLAYS_LOGIN_LOCKOUT_MINUTES", 15, minimum=1)
+AXES_FAILURE_LIMIT = REPLAYS_LOGIN_FAILURES
+AXES_COOLOFF_TIME = timedelta(minutes=REPLAYS_LOGIN_LOCKOUT_MINUTES)
+# Each on its own: an account under attack from many addresses, or one address trying many
+# accounts.
+AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_CALLABLE = "replays.views.common.locked_out"
+# Behind the proxy, the client's own address (replays.middleware.client_address).
+AXES_CLIENT_IP_CALLABLE = "replays.middleware.client_address"
+# Its access log is a row per sign-in: not needed beyond the failures.
+AXES_DISABLE_ACCESS_LOG = True
 
 SPECTACULAR_SETTINGS = {
     "TITLE": "Replays API",

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
-from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
+from replays.accounts import create_api_token
 from replays.models import SourceKind, Thread, Turn
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -66,9 +66,9 @@ def logged_in_client(client: Any, user: User) -> Any:
 
 @pytest.fixture
 def api_client(user: User) -> APIClient:
-    token = Token.objects.create(user=user)
+    _, key = create_api_token(user=user)
     api = APIClient()
-    api.credentials(HTTP_AUTHORIZATION=f"Token {token.key}")
+    api.credentials(HTTP_AUTHORIZATION=f"Token {key}")
     return api
 
 
@@ -246,3 +246,36 @@ def manifest_session(name: str) -> dict[str, Any]:
 
     manifest = json.loads(MANIFEST_PATH.read_text())
     return next(session for session in manifest["sessions"] if session["name"] == name)
+
+
+def host_pids(variable: str, value: str, *, running: str = "") -> list[int]:
+    """The pids, as this machine sees them, of the test agents' processes started with
+    `variable`=`value` in their environment (and `running` in their command line), oldest
+    first (the sandbox's own bwrap processes left out). An agent in the sandbox has its own
+    PID namespace, so the pids it writes itself are not this machine's."""
+    import psutil
+
+    found = []
+    for process in psutil.process_iter(["name", "create_time", "cmdline"]):
+        try:
+            if process.info["name"] == "bwrap" or process.status() == psutil.STATUS_ZOMBIE:
+                continue
+            if running and running not in " ".join(process.info["cmdline"] or []):
+                continue
+            if process.environ().get(variable) == value:
+                found.append((process.info["create_time"], process.pid))
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return [pid for _, pid in sorted(found)]
+
+
+def is_within(pid: int, ancestor: int | None) -> bool:
+    """`pid` is `ancestor` or one of its descendants (a sandboxed agent runs under bwrap)."""
+    import psutil
+
+    if not ancestor:
+        return False
+    try:
+        return pid == ancestor or pid in {c.pid for c in psutil.Process(ancestor).children(True)}
+    except psutil.NoSuchProcess:
+        return False

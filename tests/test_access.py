@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
-from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from replays import approval, planning
+from replays.accounts import create_api_token
 from replays.models import Turn
 from tests.run_factories import make_git_repo
 
@@ -21,9 +21,9 @@ def test_the_schema_and_the_docs_need_a_login(client: Any, user: User) -> None:
     assert client.get("/api/schema/").status_code in (401, 403)
     docs = client.get("/api/docs/")
     assert docs.status_code == 302 and docs["Location"].startswith("/accounts/login/")
-    token = Token.objects.create(user=user)
+    _, key = create_api_token(user=user)
     api = APIClient()
-    api.credentials(HTTP_AUTHORIZATION=f"Token {token.key}")
+    api.credentials(HTTP_AUTHORIZATION=f"Token {key}")
     schema = api.get("/api/schema/")
     assert schema.status_code == 200 and b"/api/plans/" in schema.content
     client.force_login(user)

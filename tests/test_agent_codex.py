@@ -352,7 +352,14 @@ def test_the_invocation_feeds_the_request_on_stdin_to_codex_exec_in_its_own_home
     ]  # fmt: skip
     assert "Append x" not in " ".join(invocation.argv)
     assert invocation.stdin_path == context.request_file
-    assert invocation.env == {"FAKE_KEY": "x", "CODEX_HOME": str(home)}
+    # Its own temporary folder: CODEX_HOME is never under it, so Codex's sandbox helper
+    # can be linked there wherever the run root is (FACTS.md, "bubblewrap changes Codex").
+    assert invocation.env == {
+        "FAKE_KEY": "x",
+        "CODEX_HOME": str(home),
+        "TMPDIR": str(context.run_dir / "tmp"),
+    }
+    assert not home.is_relative_to(context.run_dir / "tmp")
     assert sorted(path.name for path in home.iterdir()) == ["auth.json", "config.toml"]
     assert (home / "auth.json").read_text() == auth.read_text()
     assert (home / "auth.json").stat().st_mode & 0o777 == 0o600

@@ -18,7 +18,6 @@ from django.contrib.auth.models import User
 from django.utils import timezone
 from hypothesis import HealthCheck, given, settings
 from hypothesis.errors import Unsatisfiable
-from rest_framework.authtoken.models import Token
 from schemathesis import Case, GenerationMode
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import (
@@ -29,6 +28,7 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from replays import importing, planning
+from replays.accounts import create_api_token
 from replays.models import Batch, Plan, Report, ReportStatus, Run, RunStatus, Thread
 from tests.conftest import MANIFEST_PATH, REAL_TRANSCRIPTS
 from tests.leaderboard_factories import seed
@@ -133,7 +133,7 @@ def api(live_server: Any, user: User, tmp_path: Path, settings: Any) -> tuple[An
     settings.REPLAYS_API_WRITE_RATE = "1000000/minute"
     settings.REPLAYS_RUN_ROOT = tmp_path / "runs"
     known = fuzz_data(user, tmp_path)
-    headers = {"Authorization": f"Token {Token.objects.create(user=user).key}"}
+    headers = {"Authorization": f"Token {create_api_token(user=user)[1]}"}
     config = schemathesis.Config.from_dict(
         {
             "dictionaries": {name: {"values": values} for name, values in known.items()},

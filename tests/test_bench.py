@@ -126,3 +126,10 @@ def test_bench_worktree_smoke() -> None:
     output = run_bench("worktree.py", "--files", "50", "--rounds", "2")
     rows = table_rows(output)
     assert rows["add + remove"][-1].endswith("x"), output
+
+
+def test_bench_sandbox_smoke() -> None:
+    output = run_bench("sandbox.py", "--rounds", "2")
+    rows = table_rows(output)
+    for process in ("`true`", "`python -c pass`", "`true`, an agent's policy (git)"):
+        assert rows[process][-1].endswith("x") and rows[process][-2].endswith("ms"), output

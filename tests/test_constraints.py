@@ -15,6 +15,7 @@ from django.db import IntegrityError, connection, models, transaction
 from django.utils import timezone
 
 from replays.models import (
+    ApiToken,
     Batch,
     LaunchError,
     Plan,
@@ -144,6 +145,9 @@ VIOLATIONS: dict[str, Callable[[Graph], models.Model]] = {
     "transcript_size_gte_0": lambda g: Transcript(
         thread=g["thread"], codec="zstd", data=b"x", size=-1, sha256="0" * 64
     ),
+    # A key opens one account; and only a key's sha256 is ever stored.
+    "apitoken_unique_key": lambda g: _token_twice(g),
+    "apitoken_key_is_sha256": lambda g: ApiToken(user=g["thread"].owner, key_sha256="a-key"),
     # More left out than the log had.
     "runlog_sizes_valid": lambda g: RunLog(run=g["run"], codec="zstd", data=b"x", size=10, cut=11),
     "turn_unique_index": lambda g: clone(g["turn"], message_uuid="m-1"),
@@ -204,6 +208,11 @@ VIOLATIONS: dict[str, Callable[[Graph], models.Model]] = {
         g["report"], is_current=False, evaluator_cost_usd=-1
     ),
 }
+
+
+def _token_twice(g: Graph) -> ApiToken:
+    ApiToken.objects.create(user=g["thread"].owner, key_sha256="a" * 64)
+    return ApiToken(user=g["thread"].owner, key_sha256="a" * 64)
 
 
 def _judging_twice(g: Graph) -> Report:

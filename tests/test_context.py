@@ -693,3 +693,62 @@ def test_the_comparison_says_which_context_each_side_had() -> None:
         "its own session",
         "digest: the earlier requests and answers",
     )
+
+
+# --- a fork runs inside its worktree only -------------------------------------------------
+
+
+def _repository_with_link(tmp_path: Path, name: str, target: str) -> tuple[Path, str]:
+    """A repository whose one commit holds `name`, a symbolic link to `target`."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    (repo / "README").write_text("hello\n")
+    (repo / name).symlink_to(target)
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-qm", "a link"], check=True)
+    head = subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True)
+    return repo, head.stdout.strip()
+
+
+@pytest.mark.parametrize("link", ["elsewhere", "up"])
+def test_a_fork_through_a_committed_link_is_blocked_and_never_runs_outside_the_worktree(
+    user: User, tmp_path: Path, link: str
+) -> None:
+    """The attack: a repository commits `vendor -> /somewhere/real-checkout` (or `up ->
+    ..`) and the thread's folder is that link: a fork resuming there would make Claude Code
+    work in the other checkout (and Codex's -C, its writable root) or in the run folder."""
+    elsewhere = tmp_path / "real-checkout"
+    elsewhere.mkdir()
+    target = str(elsewhere) if link == "elsewhere" else ".."
+    repo, baseline = _repository_with_link(tmp_path, link, target)
+    source = REAL_TRANSCRIPTS / manifest_session("claude-cli")["path"]
+    copy = tmp_path / "history" / source.name
+    copy.parent.mkdir()
+    copy.write_text(source.read_text().replace(FIXTURE_FOLDER, str(repo / link)))
+    thread = importing.import_transcript_file(path=copy, user=user).thread
+    assert thread is not None and thread.cwd == str(repo / link)
+
+    chosen = context.resolve_modes(
+        thread, turn(thread, 2), [CLAUDE], "fork", repository=repo, baseline=baseline
+    )
+    assert chosen[CLAUDE].blocker == (
+        f"Model {CLAUDE} cannot fork thread {thread.pk}: the thread's folder {link} is not "
+        f"inside the worktree: {link} is a symbolic link in the repository at the baseline, "
+        "and a fork runs only in the run's own worktree"
+    )
+    default = context.resolve_modes(
+        thread, turn(thread, 2), [CLAUDE], None, repository=repo, baseline=baseline
+    )
+    assert default[CLAUDE].mode == "digest" and "symbolic link" in default[CLAUDE].reason
+
+    # At run time too (a link made after prepare): the folder, links followed, must be the
+    # worktree's own.
+    workspace = tmp_path / "run" / "workspace"
+    subprocess.run(
+        ["git", "-C", str(repo), "worktree", "add", "-q", "--detach", str(workspace), baseline],
+        check=True,
+    )
+    with pytest.raises(context.CannotFork, match="leads outside the worktree"):
+        context.fork_session(thread, turn(thread, 2), workspace=workspace, repository=repo)

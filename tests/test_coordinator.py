@@ -26,6 +26,7 @@ from django.utils import timezone
 
 from replays import processes, repos
 from replays.models import FailureCode, Run, RunPhase, RunStatus
+from tests.conftest import host_pids, is_within
 from tests.run_factories import make_git_repo, make_run_graph, mark_launching
 
 MANAGE = Path(__file__).resolve().parent.parent / "manage.py"
@@ -40,8 +41,11 @@ class Setup:
         self.owner = owner
         self.repo, self.baseline, self.ending = make_git_repo(tmp_path)
         self.run_root = tmp_path / "runs"
-        self.marker = tmp_path / "starts.txt"
-        self.pids_file = tmp_path / "pids.txt"
+        # The agents' marker files, in a folder their sandboxes may write.
+        self.marks = tmp_path / "marks"
+        self.marks.mkdir()
+        self.marker = self.marks / "starts.txt"
+        self.pids_file = self.marks / "pids.txt"
         edit = [
             sys.executable,
             str(SCRIPTS / "edit_files.py"),
@@ -94,6 +98,7 @@ class Setup:
             "REPLAYS_AGENTS_FILE": str(agents_file),
             "REPLAYS_RUN_ROOT": str(self.run_root),
             "REPLAYS_HEARTBEAT_SECONDS": str(HEARTBEAT_SECONDS),
+            "REPLAYS_TEST_SANDBOX_WRITABLE": str(self.marks),
         }
 
     def launching_run(self, model: str, **options: Any) -> Run:
@@ -127,8 +132,14 @@ class Setup:
         return self.marker.read_text().splitlines() if self.marker.exists() else []
 
     def agent_pids(self) -> list[int]:
+        """The sleeping agent's three processes, as this machine numbers them."""
         wait_for(self.pids_file.exists, "the agent to start its children")
-        return [int(line) for line in self.pids_file.read_text().split()]
+        pids = host_pids("PIDS_FILE", str(self.pids_file))
+        assert len(pids) == 3, pids
+        return pids
+
+    def agent_processes_left(self) -> list[int]:
+        return host_pids("PIDS_FILE", str(self.pids_file))
 
 
 @pytest.fixture
@@ -136,10 +147,9 @@ def setup(tmp_path: Path, process_env: dict[str, str], user: User) -> Iterator[S
     made = Setup(tmp_path, process_env, user)
     yield made
     # A failed test must not leave its agent's processes sleeping.
-    if made.pids_file.exists():
-        for pid in [int(line) for line in made.pids_file.read_text().split()]:
-            if still_running(pid):
-                os.kill(pid, signal.SIGKILL)
+    for pid in host_pids("PIDS_FILE", str(made.pids_file)):
+        if still_running(pid):
+            os.kill(pid, signal.SIGKILL)
 
 
 def wait_for(condition: Callable[[], object], what: str, seconds: float = 10) -> None:
@@ -306,8 +316,8 @@ def test_a_timeout_kills_the_whole_agent_tree(setup: Setup) -> None:
     assert run.failure_code == FailureCode.TIMEOUT
     assert run.failure_message == "The agent did not finish within 2s."
     assert "Started a child and a grandchild" in run.log_tail
-    pids = setup.agent_pids()
-    assert len(pids) == 3 and not any(still_running(pid) for pid in pids)
+    # It had started its three processes; none is left.
+    assert setup.pids_file.exists() and setup.agent_processes_left() == []
 
 
 def test_cancel_while_running_stops_the_agent_tree_within_a_heartbeat(setup: Setup) -> None:
@@ -320,7 +330,7 @@ def test_cancel_while_running_stops_the_agent_tree_within_a_heartbeat(setup: Set
             "a heartbeat with the agent's log",
         )
         assert run_status(run) == RunStatus.RUNNING
-        assert (run.agent_pid, run.phase) == (pids[0], RunPhase.IMPLEMENTING)
+        assert is_within(pids[0], run.agent_pid) and run.phase == RunPhase.IMPLEMENTING
         asked = time.monotonic()
         Run.objects.filter(pk=run.pk).update(cancel_requested_at=timezone.now())
         coordinator.wait(timeout=10)
@@ -386,7 +396,7 @@ def test_a_coordinator_killed_while_the_agent_runs_has_recorded_the_agent(setup:
     run.refresh_from_db()
     assert run.status == RunStatus.RUNNING
     assert processes.is_alive(run.agent_pid, run.agent_pid_create_time)
-    assert run.agent_pid == pids[0]
+    assert is_within(pids[0], run.agent_pid)
     # What a reconcile does after a lost coordinator: kill the recorded agent tree.
     processes.kill_tree(run.agent_pid, run.agent_pid_create_time)
     assert not any(still_running(pid) for pid in pids)

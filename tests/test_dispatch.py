@@ -9,7 +9,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ from replays.models import (
     RunPhase,
     RunStatus,
 )
+from tests.conftest import host_pids
 from tests.run_factories import make_git_repo, make_run_graph
 from tests.test_cluster import start_cluster, stop_cluster
 
@@ -78,6 +79,7 @@ class Lab:
     repo: Path
     baseline: str
     ending: str
+    _pids: dict[int, list[int]] = field(default_factory=dict)
 
     def batch(self, owner: User, models: list[str]) -> tuple[Batch, list[Run]]:
         return make_run_graph(
@@ -100,8 +102,18 @@ class Lab:
         return self.root / "runs" / f"run-{run.pk}"
 
     def agent_pids(self, run: Run) -> list[int]:
+        """The sleeper's three processes as this machine numbers them ([] until all three
+        run), kept once seen: a later call gives the same pids, alive or not."""
+        if run.pk in self._pids:
+            return self._pids[run.pk]
         path = self.run_dir(run) / "agent.pids"
-        return [int(pid) for pid in path.read_text().split()] if path.exists() else []
+        if not path.exists():
+            return []
+        pids = host_pids("PIDS_FILE", str(path))
+        if len(pids) == 3:
+            self._pids[run.pk] = pids
+            return pids
+        return []
 
     def coordinator_done(self, run: Run) -> bool:
         """The coordinator process for this run printed its last line (won or lost)."""
@@ -148,7 +160,10 @@ def make_lab(
     *,
     capacity: int = 2,
 ) -> Lab:
-    marker = tmp_path / "starts.txt"
+    # The agents' marker file, in a folder their sandboxes may write.
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    marker = marks / "starts.txt"
     models = [f"m{number}" for number in range(1, 9)]
     agents = {
         "sleeper": {
@@ -182,12 +197,14 @@ def make_lab(
         "REPLAYS_HEARTBEAT_STALE_SECONDS": "3",
         "REPLAYS_LAUNCH_GRACE_SECONDS": "5",
         "REPLAYS_TEST_PAUSE_AT": "",
+        "REPLAYS_TEST_SANDBOX_WRITABLE": str(marks),
     }
     env = {**process_env, **values}
     # Coordinators started from this process (in-process dispatch) inherit its environment.
     for name in ("DATABASE_URL", "REPLAYS_VAR_DIR", *values):
         monkeypatch.setenv(name, env[name])
     settings.REPLAYS_RUN_ROOT = tmp_path / "runs"
+    settings.REPLAYS_TEST_SANDBOX_WRITABLE = [marks]
     settings.REPLAYS_MAX_PARALLEL_RUNS = capacity
     settings.REPLAYS_MAX_RUNS_PER_HOST = capacity
     settings.REPLAYS_HEARTBEAT_SECONDS = 0.5

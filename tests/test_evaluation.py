@@ -37,6 +37,7 @@ from replays.models import (
     RunStatus,
     Thread,
 )
+from tests.conftest import host_pids
 from tests.test_dispatch import gone, wait_until
 
 MANAGE = Path(__file__).resolve().parent.parent / "manage.py"
@@ -60,11 +61,11 @@ class Eval:
 
     @property
     def calls(self) -> Path:
-        return self.root / "verify-calls.txt"
+        return self.root / "marks" / "verify-calls.txt"
 
     @property
     def judge_calls(self) -> Path:
-        return self.root / "judge-calls.txt"
+        return self.root / "marks" / "judge-calls.txt"
 
     @property
     def pause_file(self) -> Path:
@@ -155,13 +156,16 @@ def lab(
     real_threads: dict[str, Thread],
     sample_repo: Path,
 ) -> Eval:
+    # The marker files of the judges and verify commands, in a folder their sandboxes may write.
+    marks = tmp_path / "marks"
+    marks.mkdir()
     agents = {
         "judge": {
             "kind": "command",
             "command": [sys.executable, "-c", "pass"],
             "judge_command": [sys.executable, str(SCRIPTS / "judge.py"), "{task_file}",
                               "{answer_file}"],
-            "env": {"JUDGE_CALLS": str(tmp_path / "judge-calls.txt")},
+            "env": {"JUDGE_CALLS": str(marks / "judge-calls.txt")},
             "models": ["fair"],
         },
     }  # fmt: skip
@@ -176,13 +180,15 @@ def lab(
         "REPLAYS_HEARTBEAT_STALE_SECONDS": "3",
         "REPLAYS_LAUNCH_GRACE_SECONDS": "5",
         "REPLAYS_TEST_PAUSE_AT": "",
-        "VERIFY_CALLS": str(tmp_path / "verify-calls.txt"),
+        "VERIFY_CALLS": str(marks / "verify-calls.txt"),
+        "REPLAYS_TEST_SANDBOX_WRITABLE": str(marks),
     }
     env = {**process_env, **values}
     for name in ("DATABASE_URL", "REPLAYS_VAR_DIR", *values):
         monkeypatch.setenv(name, env[name])
     settings.REPLAYS_AGENTS = agents
     settings.REPLAYS_RUN_ROOT = tmp_path / "runs"
+    settings.REPLAYS_TEST_SANDBOX_WRITABLE = [marks]
     settings.REPLAYS_MAX_PARALLEL_RUNS = 4
     settings.REPLAYS_MAX_RUNS_PER_HOST = 4
     settings.REPLAYS_HEARTBEAT_SECONDS = 0.5
@@ -298,6 +304,21 @@ def test_an_unreadable_verdict_is_a_review_failure_that_keeps_the_runs_result(
     assert batch.results_ready
     review = Review.objects.get()
     assert review.status == ReviewStatus.FAILED and review.audit["raw"].startswith("I think")
+
+
+def test_a_judge_reporting_an_absurd_cost_is_a_review_failure_that_says_so(
+    lab: Eval, settings: Any
+) -> None:
+    """A judge's usage file reporting a cost of 1e15 ended the judgment as an error of
+    ours (`[<class 'decimal.InvalidOperation'>]`); it is the judge's, with the reason."""
+    settings.REPLAYS_AGENTS["judge"]["env"]["JUDGE_COST"] = "1e15"
+    (lab.root / "agents.json").write_text(json.dumps(settings.REPLAYS_AGENTS))
+    batch = lab.approve(["historical"], evaluator="judge:fair")
+    [run] = finish_batch(batch)
+    assert run.status == RunStatus.COMPLETED and run.diff  # the result is kept
+    report = run.current_report
+    assert report.status == ReportStatus.REVIEW_FAILED and report.winner is None
+    assert "usage.json reports a cost of 1e+15 dollars" in report.reason, report.reason
 
 
 def test_tests_that_do_not_pass_historically_are_no_reference_and_judging_goes_on(
@@ -469,8 +490,12 @@ def test_a_lost_judgment_leaves_no_evaluator_calling_its_model(lab: Eval, settin
         judging = lab.command("judge", "--run", str(run.pk), "--evaluator", "judge:fair", "--yes")
 
         def evaluator_pid() -> int:
-            lines = lab.judge_calls.read_text().split() if lab.judge_calls.exists() else []
-            return int(lines[1]) if lines else 0
+            # The judge writes its pid in its sandbox's own numbering: found as this
+            # machine numbers it, by the environment it was given.
+            if not lab.judge_calls.exists():
+                return 0
+            pids = host_pids("JUDGE_CALLS", str(lab.judge_calls), running="judge.py")
+            return pids[0] if pids else 0
 
         pid = wait_until(evaluator_pid, seconds=60, what=f"the {stage} evaluator to start")
         assert lab.judge_calls.read_text().startswith(stage)
@@ -513,7 +538,7 @@ def test_cancel_while_the_runs_tree_is_tested_stops_the_tests_and_keeps_the_resu
     dispatch.dispatch_runs()
     run = batch.runs.get()
     wait_until(lambda: lab.verify_calls(), seconds=60, what="the verify command to start")
-    verify_pid = int(lab.calls.read_text().split()[1])
+    verify_pid = host_pids("VERIFY_CALLS", str(lab.calls), running="verify.py")[0]
     run.refresh_from_db()
     assert run.phase == RunPhase.REVIEWING
     dispatch.cancel_run(run=run)

@@ -381,6 +381,9 @@ def test_codex_runs_a_shell_command_against_the_fake_server(tmp_path: Path) -> N
             "PATH": os.environ["PATH"],
             "HOME": str(tmp_path),
             "CODEX_HOME": str(codex_home),
+            # Not the temporary folder CODEX_HOME lies in: with bwrap installed, Codex links
+            # its sandbox helper there only then (FACTS.md), or no command runs.
+            "TMPDIR": str(work),
             "FAKE_KEY": "fake",
         }
         result = subprocess.run(

@@ -325,7 +325,7 @@ def test_codex_judge_invocation_is_read_only_in_the_folder_with_the_schema_and_i
     ]  # fmt: skip
     assert PROMPT_KEY not in " ".join(invocation.argv)
     assert (invocation.stdin_path, invocation.env) == (
-        task.prompt_file, {"FAKE_KEY": "x", "CODEX_HOME": str(home)}
+        task.prompt_file, {"FAKE_KEY": "x", "CODEX_HOME": str(home), "TMPDIR": str(folder / "tmp")}
     )  # fmt: skip
     schema_file = folder / "answer-schema.json"
     assert json.loads(schema_file.read_text()) == SCHEMA

@@ -14,9 +14,9 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "replays"
 
 GROUND = {"transcripts", "pricing", "repos", "processes", "runfolder", "statistics", "formatting",
-          "diffview", "access"}  # fmt: skip
+          "diffview", "access", "sandbox"}  # fmt: skip
 SERVICES = {"importing", "planning", "approval", "dispatch", "coordinator", "agents", "evaluation",
-            "context", "hosts", "doctor", "runlogs"}  # fmt: skip
+            "context", "hosts", "doctor", "runlogs", "accounts"}  # fmt: skip
 DOORS = {"api", "views", "forms", "admin", "management", "tasks", "templatetags"}
 # Wiring, not doors: routes lead to the views, the body-size middleware answers in the API's
 # one error shape.

@@ -14,10 +14,10 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
-from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from replays import importing, planning
+from replays.accounts import create_api_token
 from replays.models import Thread
 from tests.conftest import REAL_TRANSCRIPTS, manifest_session
 
@@ -28,7 +28,7 @@ SESSION_FILE = REAL_TRANSCRIPTS / manifest_session("claude-line-count")["path"]
 
 def api_for(user: User) -> APIClient:
     api = APIClient()
-    api.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=user).key}")
+    api.credentials(HTTP_AUTHORIZATION=f"Token {create_api_token(user=user)[1]}")
     return api
 
 

@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 from django.db import connection
 from django.utils import timezone
-from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from replays import importing, repos
+from replays.accounts import create_api_token
 from replays.models import Batch, Plan, Run, RunStatus, Thread
 from tests.conftest import manifest_session
 
@@ -333,7 +333,7 @@ def test_other_users_cannot_see_or_approve_a_plan(
 ) -> None:
     plan = prepare(api_client, line_count_config(real_threads, sample_repo))
     stranger = APIClient()
-    stranger.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=other_user).key}")
+    stranger.credentials(HTTP_AUTHORIZATION=f"Token {create_api_token(user=other_user)[1]}")
     assert stranger.get(f"/api/plans/{plan['id']}/").status_code == 404
     assert approve(stranger, plan).status_code == 404
     assert Batch.objects.count() == 0

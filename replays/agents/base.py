@@ -17,20 +17,27 @@ import functools
 import json
 import os
 import shutil
-import stat
 import subprocess
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path, PurePosixPath
-from typing import Any, ClassVar, Protocol
+from typing import Any, BinaryIO, ClassVar, Protocol
 
 from replays.agents.problems import UNKNOWN, Login, SetupProblem
 
 # Text helpers live with the processes whose output they clean (plain Python, no Django).
-from replays.processes import plain_text, read_tail, without_secrets
-from replays.transcripts.base import TokenUsage
+from replays.processes import (
+    UnsafeFile,
+    open_untrusted,
+    plain_text,
+    read_tail,
+    read_untrusted,
+    without_secrets,
+)
+from replays.sandbox import sandbox_failure
+from replays.transcripts.base import MAX_THREAD_COST_USD, MAX_THREAD_TOKENS, TokenUsage
 
 # `agent --version` answers at once; a hung binary must not hold up a page.
 VERSION_TIMEOUT_SECONDS = 10
@@ -39,6 +46,10 @@ ERROR_LINES = 20
 ERROR_CHARS = 4000
 # An evaluator's answer is a small JSON object: anything larger is refused unread.
 MAX_ANSWER_BYTES = 1024 * 1024
+# How much of one turn's log its outcome is read from, and the longest line read (an
+# event stream's line is a few KiB; a tool's output quoted whole can reach MiBs).
+MAX_LOG_READ_BYTES = 1024 * 1024 * 1024
+MAX_LOG_LINE_BYTES = 32 * 1024 * 1024
 # How much of an unreadable answer its error message quotes.
 ANSWER_QUOTE_CHARS = 200
 
@@ -118,6 +129,9 @@ class Invocation:
     argv: list[str]
     env: dict[str, str] = field(default_factory=dict)
     stdin_path: Path | None = None
+    # Files the configured command names besides its program (a `command` agent's script):
+    # the sandbox shows them read-only. Never from anything but the operator's settings.
+    shown: tuple[Path, ...] = ()
 
 
 @dataclass
@@ -223,11 +237,74 @@ class Agent(ABC):
 
 
 def log_lines(context: RunContext) -> Iterator[str]:
-    """This turn's lines of the log (from context.log_offset); OSError when it cannot be read."""
-    with context.log_path.open("rb") as log:
+    """This turn's lines of the log (from context.log_offset); OSError when it cannot be read.
+
+    The log lies in the run's folder, where the agent could put a link, a FIFO or a huge
+    file in its place: it is read as processes.open_untrusted reads (a regular file, never
+    through a link, never waiting), at most MAX_LOG_READ_BYTES, and a line longer than
+    MAX_LOG_LINE_BYTES is skipped."""
+    with open_untrusted(context.log_path) as log:
         log.seek(context.log_offset)
-        for raw in log:
+        left = MAX_LOG_READ_BYTES
+        while left > 0:
+            raw = log.readline(min(left, MAX_LOG_LINE_BYTES + 1))
+            if not raw:
+                return
+            left -= len(raw)
+            if len(raw) > MAX_LOG_LINE_BYTES and not raw.endswith(b"\n"):
+                _skip_rest_of_line(log)
+                continue
             yield raw.decode("utf-8", errors="replace")
+
+
+def _skip_rest_of_line(log: BinaryIO) -> None:
+    while True:
+        chunk = log.readline(MAX_LOG_LINE_BYTES)
+        if not chunk or chunk.endswith(b"\n"):
+            return
+
+
+# A model's time beyond this (three years) is no real run's.
+MAX_MODEL_SECONDS = 10**8
+
+
+def absurd_usage(outcome: AgentOutcome | JudgeAnswer) -> str:
+    """What is absurd about the figures an agent reported ("" when nothing is): a cost or
+    a token count no run could reach (transcripts.base's bounds for a whole session, which
+    every money and token column holds), or a model time of years. Said as "reports ..."
+    for the caller to name the source ("The usage file usage.json reports ...")."""
+    cost = outcome.cost_usd
+    if cost is not None and cost > MAX_THREAD_COST_USD:
+        return (
+            f"reports a cost of {float(cost):g} dollars, more than any run can cost (at most "
+            f"{MAX_THREAD_COST_USD:.0e})"
+        )
+    for kind, count in outcome.usage.as_dict().items():
+        if count > MAX_THREAD_TOKENS:
+            name = kind.replace("_", " ")
+            return (
+                f"reports {count:.3g} {name}, more than any run can use (at most "
+                f"{MAX_THREAD_TOKENS:.0e})"
+            )
+    seconds = outcome.model_seconds
+    if seconds is not None and seconds > MAX_MODEL_SECONDS:
+        return f"reports {seconds:.3g} seconds of model time, more than any run can take"
+    return ""
+
+
+def sandbox_refusal(outputs: list[str]) -> str:
+    """Why every command an agent ran failed in a sandbox (its own, or ours), as the first
+    refusal said it; "" when it ran none, or when one of them got past a sandbox. The
+    adapters make it a SetupProblem (SetupKind.SANDBOX): the run fails as `setup` saying
+    so, never completes as if the agent had chosen to change nothing."""
+    reasons = [sandbox_failure(output) for output in outputs]
+    if not reasons or not all(reasons):
+        return ""
+    count = len(reasons)
+    return (
+        f"{'its one command' if count == 1 else f'all {count} commands'} failed in a "
+        f"sandbox before running: {reasons[0]}"
+    )
 
 
 def error_from_log(path: Path) -> str:
@@ -472,18 +549,16 @@ def read_answer_file(path: Path) -> str:
     """The text of the answer file an evaluator wrote ("" when it wrote none), read no
     further than MAX_ANSWER_BYTES; ValueError saying why it cannot be used."""
     try:
-        # Non-blocking: a FIFO in its place must not hang the caller (it is refused below).
-        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        # Never through a link (to a file of ours), never waiting on a FIFO.
+        data = read_untrusted(path, max_bytes=MAX_ANSWER_BYTES)
     except FileNotFoundError:
         return ""
+    except UnsafeFile:
+        raise ValueError(f"The evaluator's answer {path.name} is not a regular file.") from None
     except OSError as exc:
         raise ValueError(
             f"The evaluator's answer file {path.name} cannot be read: {exc.strerror or exc}"
         ) from None
-    with os.fdopen(descriptor, "rb") as handle:
-        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
-            raise ValueError(f"The evaluator's answer {path.name} is not a regular file.")
-        data = handle.read(MAX_ANSWER_BYTES + 1)
     if len(data) > MAX_ANSWER_BYTES:
         raise ValueError(
             f"The evaluator's answer file {path.name} is larger than 1 MiB: it was not read."

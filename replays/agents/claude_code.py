@@ -72,6 +72,7 @@ from replays.agents.base import (
     JudgeAnswer,
     JudgeTask,
     RunContext,
+    absurd_usage,
     check_program_entry,
     check_seed_files,
     copy_seed_files,
@@ -84,10 +85,12 @@ from replays.agents.base import (
     program_unavailable_reason,
     program_version,
     read_tail,
+    read_untrusted,
     readable_tail,
     remove_seed_files,
     render_event_stream,
     run_environment,
+    sandbox_refusal,
     seed_files_unavailable_reason,
     task_json,
 )
@@ -381,6 +384,13 @@ class ClaudeCodeAgent(ConfiguredAgent):
             outcome.error = readable_tail(self.render_log(read_tail(context.log_path)))
         if outcome.failed or exit_code != 0:
             outcome.setup = setup_problem(summary.api_error, summary.result, outcome.error)
+        refused = sandbox_refusal(summary.shell_outputs)
+        if refused:
+            outcome.failed = True
+            outcome.setup = SetupProblem(
+                SetupKind.SANDBOX, f"Claude Code could not run any command: {refused}"
+            )
+            outcome.error = outcome.error or outcome.setup.words
         return outcome, summary
 
     def _outcome_without_result(self, context: RunContext, summary: StreamSummary) -> AgentOutcome:
@@ -401,7 +411,15 @@ class ClaudeCodeAgent(ConfiguredAgent):
             outcome.notes.append("Claude Code reported no usage: tokens and cost are unknown.")
             return outcome
         try:
-            parsed = parse_claude_code(transcript, max_bytes=settings.REPLAYS_MAX_TRANSCRIPT_BYTES)
+            # The agent could have left a link or a FIFO there: read as untrusted, bounded,
+            # and without its sub-agents' files.
+            limit = settings.REPLAYS_MAX_TRANSCRIPT_BYTES
+            data = read_untrusted(transcript, max_bytes=limit)
+            if len(data) > limit:
+                raise TranscriptError(f"{transcript.name} is larger than {limit:,} bytes")
+            parsed = parse_claude_code(
+                transcript, max_bytes=limit, include_subagents=False, data=data
+            )
         except (OSError, TranscriptError) as exc:
             outcome.notes.append(f"The session transcript could not be read: {exc}")
             return outcome
@@ -501,9 +519,15 @@ class StreamSummary:
     # The typed error Claude Code puts on an assistant message it made up when the API
     # failed ("authentication_failed", "rate_limit", ...): the last one counts.
     api_error: str = ""
+    # What each shell command (the Bash tool) gave back: its sandbox's refusal, when it
+    # refused (Claude Code's own sandbox, when a seeded settings.json turns it on).
+    shell_outputs: list[str] = field(default_factory=list)
+    _shell_calls: set[str] = field(default_factory=set)
 
     def add(self, event: Mapping[str, Any]) -> None:
         kind = event.get("type")
+        if kind in ("assistant", "user"):
+            self._tool_blocks(event)
         if kind == "system" and event.get("subtype") == "init" and not self.session_id:
             self.session_id = _text(event.get("session_id"))
         elif kind == "assistant" and isinstance(event.get("error"), str):
@@ -512,6 +536,28 @@ class StreamSummary:
             # The last one counts (there is one per session; a resumed stream may add more).
             self.result = dict(event)
             self.session_id = _text(event.get("session_id")) or self.session_id
+
+
+    def _tool_blocks(self, event: Mapping[str, Any]) -> None:
+        message = event.get("message")
+        content = message.get("content") if isinstance(message, Mapping) else None
+        for block in content if isinstance(content, list) else []:
+            if not isinstance(block, Mapping):
+                continue
+            if block.get("type") == "tool_use" and block.get("name") == "Bash":
+                self._shell_calls.add(_text(block.get("id")))
+            elif block.get("type") == "tool_result" and block.get("tool_use_id") in self._shell_calls:
+                self.shell_outputs.append(_tool_result_text(block.get("content")))
+
+
+def _tool_result_text(content: object) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(
+            _text(part.get("text")) for part in content if isinstance(part, Mapping)
+        )
+    return ""
 
 
 def result_outcome(result: Mapping[str, Any], *, model: str) -> AgentOutcome:
@@ -546,6 +592,12 @@ def result_outcome(result: Mapping[str, Any], *, model: str) -> AgentOutcome:
         outcome.notes.append(
             f"Claude Code was refused {len(denials)} tool call(s) its permission mode does not "
             f"allow: {names}{more}."
+        )
+    absurd = absurd_usage(outcome)
+    if absurd:
+        message = f"Claude Code's result {absurd}: its figures were not kept."
+        return AgentOutcome(
+            final_message=outcome.final_message, failed=True, error=message, notes=[message]
         )
     turns = result.get("num_turns")
     session = _text(result.get("session_id"))

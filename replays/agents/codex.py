@@ -40,7 +40,7 @@ import os
 import re
 import shlex
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, ClassVar
 
@@ -56,6 +56,7 @@ from replays.agents.base import (
     JudgeAnswer,
     JudgeTask,
     RunContext,
+    absurd_usage,
     check_program_entry,
     check_seed_files,
     copy_seed_files,
@@ -64,6 +65,7 @@ from replays.agents.base import (
     judge_answer_from,
     judge_context,
     log_lines,
+    open_untrusted,
     plain_text,
     program_unavailable_reason,
     program_version,
@@ -72,6 +74,7 @@ from replays.agents.base import (
     remove_seed_files,
     render_event_stream,
     run_environment,
+    sandbox_refusal,
     seed_files_unavailable_reason,
     task_json,
     write_private,
@@ -85,6 +88,7 @@ from replays.agents.problems import (
     SetupProblem,
     first_set,
 )
+from replays.processes import read_untrusted_end
 from replays.transcripts.base import TokenUsage
 
 DEFAULT_BINARY = "codex"
@@ -92,6 +96,8 @@ DEFAULT_SANDBOX = "workspace-write"
 SANDBOX_MODES = ("read-only", "workspace-write", "danger-full-access")
 # The run's own Codex home, inside the run folder.
 CODEX_HOME_DIR = "codex-home"
+# Codex's temporary folder (TMPDIR), inside the run folder.
+TMP_DIR = "tmp"
 CONFIG_TOML = "config.toml"
 # Judge mode's files in the call's folder: the answer's schema, and Codex's last message.
 SCHEMA_FILE = "answer-schema.json"
@@ -258,9 +264,15 @@ class CodexAgent(ConfiguredAgent):
             *(session or []),
             "-",  # the prompt is stdin
         ]
+        # Codex links its sandbox helper (codex-linux-sandbox) into CODEX_HOME and refuses
+        # to when CODEX_HOME lies under the temporary folder; then, with bwrap installed,
+        # every command fails (FACTS.md). Its temporary folder is therefore the run's own:
+        # CODEX_HOME is never under it, wherever the run root is (/tmp included).
+        temporary = context.run_dir / TMP_DIR
+        temporary.mkdir(mode=0o700, exist_ok=True)
         return Invocation(
             argv=argv,
-            env={**self.env, "CODEX_HOME": str(home)},
+            env={**self.env, "CODEX_HOME": str(home), "TMPDIR": str(temporary)},
             stdin_path=context.request_file,
         )
 
@@ -305,6 +317,12 @@ class CodexAgent(ConfiguredAgent):
             outcome.cost_usd = pricing.cost_usd(self.model, usage, table)
         else:
             outcome.notes.append("Codex reported no token usage: tokens and cost are unknown.")
+        absurd = absurd_usage(outcome)
+        if absurd:
+            message = f"Codex's token counts {absurd}: its figures were not kept."
+            return AgentOutcome(
+                final_message=outcome.final_message, failed=True, error=message, notes=[message]
+            )
         outcome.failed = bool(events.failure)
         outcome.error = events.failure
         if exit_code != 0 and not outcome.error:
@@ -313,6 +331,15 @@ class CodexAgent(ConfiguredAgent):
             )
         if outcome.failed or exit_code != 0:
             outcome.setup = setup_problem(outcome.error, events)
+        refused = sandbox_refusal(
+            _turn_tool_outputs(context, events.thread_id) or events.command_outputs
+        )
+        if refused:
+            outcome.failed = True
+            outcome.setup = SetupProblem(
+                SetupKind.SANDBOX, f"Codex could not run any command: {refused}"
+            )
+            outcome.error = outcome.error or outcome.setup.words
         return outcome
 
     def render_log(self, text: str) -> str:
@@ -359,6 +386,8 @@ class EventSummary:
     # Why the turn failed ("" while it did not): turn.failed, or an error it did not survive.
     failure: str = ""
     last_retry: str = ""
+    # What each command Codex ran printed (its sandbox's refusal, when it refused).
+    command_outputs: list[str] = field(default_factory=list)
 
     def add(self, event: Mapping[str, Any]) -> None:
         kind = event.get("type")
@@ -389,6 +418,12 @@ class EventSummary:
                 and _item_type(item) == "agent_message"
             ):
                 self.final_message = _text(item.get("text"))
+            elif (
+                kind == "item.completed"
+                and isinstance(item, Mapping)
+                and _item_type(item) == "command_execution"
+            ):
+                self.command_outputs.append(_text(item.get("aggregated_output")))
         # Anything else (turn.started, events of newer builds) changes nothing here.
 
 
@@ -588,12 +623,54 @@ def _totals_before(context: RunContext) -> Mapping[str, Any]:
     in the log, else the forked history's totals (nothing for a new thread)."""
     before: Mapping[str, Any] = context.fork.base_usage if context.fork is not None else {}
     if context.log_offset:
-        with context.log_path.open("rb") as log:
+        with open_untrusted(context.log_path) as log:
             for raw in log.read(context.log_offset).split(b"\n"):
                 event = json_event(raw.decode("utf-8", errors="replace"))
                 if event and event["type"] == "turn.completed" and _usage(event.get("usage")):
                     before = event["usage"]
     return before
+
+
+# The end of a session's rollout that holds the turn just ended (a fork's history before it
+# can be long).
+_ROLLOUT_TAIL_BYTES = 16 * 1024 * 1024
+_TOOL_OUTPUTS = ("function_call_output", "custom_tool_call_output", "local_shell_call_output")
+
+
+def _turn_tool_outputs(context: RunContext, thread_id: str) -> list[str]:
+    """What each tool call of the turn just ended gave back to the model, read from the
+    session's rollout in the run's CODEX_HOME (its --json stream leaves out a command its
+    sandbox never started). [] when there is no such file."""
+    if not thread_id or "/" in thread_id or thread_id.startswith("."):
+        return []
+    sessions = context.run_dir / CODEX_HOME_DIR / "sessions"
+    try:
+        found = sorted(sessions.glob(f"*/*/*/rollout-*-{thread_id}.jsonl"))
+    except OSError:
+        return []
+    if len(found) != 1:
+        return []
+    try:
+        data, _ = read_untrusted_end(found[0], max_bytes=_ROLLOUT_TAIL_BYTES)
+    except OSError:
+        return []
+    outputs: list[str] = []
+    for raw in data.split(b"\n"):
+        try:
+            line = json.loads(raw)
+        except ValueError:
+            continue
+        payload = line.get("payload") if isinstance(line, dict) else None
+        if not isinstance(payload, Mapping):
+            continue
+        if line.get("type") == "event_msg" and payload.get("type") == "task_started":
+            outputs = []  # a new turn: only the last one's calls count
+        elif line.get("type") == "response_item" and payload.get("type") in _TOOL_OUTPUTS:
+            output = payload.get("output")
+            if isinstance(output, Mapping):
+                output = output.get("output") or output.get("content")
+            outputs.append(_text(output) if isinstance(output, str) else json.dumps(output))
+    return outputs
 
 
 def _minus(totals: Mapping[str, Any], before: Mapping[str, Any]) -> dict[str, Any]:

@@ -46,10 +46,12 @@ from replays.agents.base import (
     JudgeAnswer,
     JudgeTask,
     RunContext,
+    absurd_usage,
     error_from_log,
     judge_answer_from,
     judge_context,
     program_unavailable_reason,
+    read_untrusted,
     task_json,
     write_private,
 )
@@ -153,7 +155,7 @@ class CommandAgent(ConfiguredAgent):
         env = {key: substitute(value, values) for key, value in self.env.items()}
         env.update(files)
         argv = [substitute(part, values) for part in command]
-        return Invocation(argv=argv, env=env, stdin_path=stdin_path)
+        return Invocation(argv=argv, env=env, stdin_path=stdin_path, shown=named_files(command))
 
     def outcome(self, context: RunContext, *, exit_code: int) -> AgentOutcome:
         outcome = read_usage_file(usage_file(context), model=self.model)
@@ -212,6 +214,17 @@ def _check_argv(command: object, key: str) -> None:
         raise ValueError(f"'{key}' must be a non-empty list of strings")
 
 
+def named_files(command: list[str]) -> tuple[Path, ...]:
+    """The files the configured command names by absolute path besides its program (`python
+    /opt/judge/judge.py {task_file}`: the script), for the sandbox to show read-only. Only
+    the operator's template counts: a placeholder's value never does."""
+    found = []
+    for part in command[1:]:
+        if "{" not in part and part.startswith("/") and Path(part).is_file():
+            found.append(Path(part))
+    return tuple(found)
+
+
 def substitute(text: str, values: Mapping[str, str]) -> str:
     """Replace each {name} placeholder of `values` by its value; other braces stay as they
     are (this is not str.format)."""
@@ -226,20 +239,34 @@ def read_usage_file(path: Path, *, model: str) -> AgentOutcome:
     Without a report the usage is unknown: zero tokens and an unknown cost. Without a
     reported cost it comes from the price table for the reported (or requested) model.
     """
-    if not path.exists():
-        return AgentOutcome()
     try:
-        if path.stat().st_size > _MAX_USAGE_FILE_BYTES:
+        # The agent wrote it: never through a link, never a FIFO, read with a bound.
+        raw = read_untrusted(path, max_bytes=_MAX_USAGE_FILE_BYTES)
+    except FileNotFoundError:
+        return AgentOutcome()
+    except OSError as exc:
+        return AgentOutcome(
+            notes=[f"The usage file {path.name} was ignored: {exc.strerror or exc}."]
+        )
+    try:
+        if len(raw) > _MAX_USAGE_FILE_BYTES:
             raise ValueError(f"larger than {_MAX_USAGE_FILE_BYTES} bytes")
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(raw.decode("utf-8"))
         usage, reported_cost, model_seconds, reported_model = _parse_usage(data)
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         return AgentOutcome(notes=[f"The usage file {path.name} was ignored: {exc}"])
     cost = reported_cost
     if cost is None:
         table = pricing.load_price_table(settings.REPLAYS_PRICES_FILE)
         cost = pricing.cost_usd(reported_model or model, usage, table)
-    return AgentOutcome(usage=usage, cost_usd=cost, model_seconds=model_seconds)
+    outcome = AgentOutcome(usage=usage, cost_usd=cost, model_seconds=model_seconds)
+    absurd = absurd_usage(outcome)
+    if absurd:
+        # A figure no run can reach is the agent's fault, said as such: the run fails
+        # (its diff is kept), its usage unknown.
+        message = f"The usage file {path.name} {absurd}: its figures were not kept."
+        return AgentOutcome(failed=True, error=message, notes=[message])
+    return outcome
 
 
 def _parse_usage(data: object) -> tuple[TokenUsage, Decimal | None, float | None, str]:

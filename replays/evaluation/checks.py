@@ -29,7 +29,7 @@ from xml.etree.ElementTree import Element, ParseError
 import defusedxml
 import defusedxml.ElementTree
 
-from replays import processes, repos
+from replays import processes, repos, sandbox
 
 DEFAULT_TEST_PATHS = ("test_*.py", "*_test.py", "tests/**", "*.test.*", "*_spec.*")
 # The whole verify command counts as one test when it writes no per-test results.
@@ -44,6 +44,8 @@ OUTPUT_TAIL_CHARS = 4000
 MAX_JUNIT_BYTES = 20 * 1024 * 1024
 
 OUTCOMES = ("passed", "failed", "error", "timeout")
+# How the caller starts the command in its sandbox: (argv, env) -> the sandboxed start.
+Sandboxer = Callable[[list[str], dict[str, str]], sandbox.Prepared]
 # Per-test statuses, the worst last: a test reported twice keeps the worse one.
 _SEVERITY = {"passed": 0, "skipped": 1, "failed": 2, "error": 3}
 _CHILD_STATUS = {"failure": "failed", "error": "error", "skipped": "skipped"}
@@ -293,6 +295,7 @@ def run_verify(
     folder: Path,
     tick: Callable[[], None] | None = None,
     tick_seconds: float = 1.0,
+    sandboxed: Sandboxer | None = None,
 ) -> TreeTests:
     """Run the verify command in `tree` and report how it went.
 
@@ -300,9 +303,16 @@ def run_verify(
     folder/junit.xml (REPLAYS_JUNIT_XML, or {junit_xml} in the command). The
     command and everything it starts are stopped on timeout, when it exits, and
     when `tick` raises (the exception then goes on to the caller).
+
+    `sandboxed(argv, env)` gives the start in its sandbox (the review's
+    runfolder.start_sandboxed: `tree` and `folder` writable, and what the policy shows);
+    without it the command starts as it is. A sandbox that cannot start it is an error.
     """
     folder = folder.absolute()  # the command runs elsewhere (cwd = tree)
-    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        _private_folder(folder)
+    except OSError as exc:
+        return TreeTests(outcome="error", message=f"The folder {folder} cannot be used: {exc}")
     junit = folder / JUNIT_FILE
     log = folder / VERIFY_LOG
     # Files left by an earlier run would pass for this one's results.
@@ -313,26 +323,59 @@ def run_verify(
     except ValueError as exc:
         return TreeTests(outcome="error", message=str(exc))
     started = time.monotonic()
+    env = {**env, JUNIT_VARIABLE: str(junit)}
     try:
-        process, identity = processes.spawn(
-            argv, cwd=tree, env={**env, JUNIT_VARIABLE: str(junit)}, log_path=log
+        prepared = sandboxed(argv, env) if sandboxed else sandbox.unsandboxed(argv, env)
+    except (sandbox.SandboxUnavailable, repos.GitError, OSError) as exc:
+        return TreeTests(outcome="error", message=f"The verify command cannot start: {exc}")
+    try:
+        try:
+            process, identity = prepared.spawn(cwd=tree, log_path=log)
+        except OSError as exc:
+            return TreeTests(
+                outcome="error",
+                seconds=time.monotonic() - started,
+                message=_start_failure(argv, exc),
+            )
+        exit_code = processes.wait_for(
+            process, identity, timeout_seconds=timeout_seconds, tick=tick, tick_seconds=tick_seconds
         )
-    except OSError as exc:
+        output = processes.read_tail(log)
+        not_started = prepared.failure(output) if exit_code is not None else ""
+    finally:
+        prepared.close()
+    if not_started:
         return TreeTests(
-            outcome="error", seconds=time.monotonic() - started, message=_start_failure(argv, exc)
+            outcome="error",
+            exit_code=None,  # the command itself never ran
+            output_tail=output[-OUTPUT_TAIL_CHARS:],
+            seconds=time.monotonic() - started,
+            message=f"The verify command {argv[0]!r} could not start in the sandbox: "
+            f"{not_started}",
         )
-    exit_code = processes.wait_for(
-        process, identity, timeout_seconds=timeout_seconds, tick=tick, tick_seconds=tick_seconds
-    )
     tests, junit_note = _read_results(junit)
     return TreeTests(
         outcome=_outcome(exit_code),
         exit_code=exit_code,
-        output_tail=processes.read_tail(log)[-OUTPUT_TAIL_CHARS:],
+        output_tail=output[-OUTPUT_TAIL_CHARS:],
         seconds=time.monotonic() - started,
         tests=tests,
         message=_join(_timeout_message(exit_code, timeout_seconds), junit_note),
     )
+
+
+def _private_folder(folder: Path) -> None:
+    """Make `folder` (0700) unless it is there; refuse a link or a file in its place (it
+    may lie in a run's folder, where the run's agent could have put one)."""
+    try:
+        os.mkdir(folder, 0o700)
+    except FileNotFoundError:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        os.mkdir(folder, 0o700)
+    except FileExistsError:
+        found = os.lstat(folder)
+        if not stat.S_ISDIR(found.st_mode):
+            raise NotADirectoryError(errno.ENOTDIR, "a link or a file stands there") from None
 
 
 def _outcome(exit_code: int | None) -> str:

@@ -16,8 +16,15 @@ from typing import Any
 
 from django.conf import settings
 
-from replays import agents, processes, runfolder
-from replays.agents.base import AgentSetupError, JudgeAnswer, JudgeTask, plain_text, write_private
+from replays import agents, processes, runfolder, sandbox
+from replays.agents.base import (
+    AgentSetupError,
+    JudgeAnswer,
+    JudgeTask,
+    absurd_usage,
+    plain_text,
+    write_private,
+)
 
 TESTS = "tests"
 TESTS_LABEL = "Tests only (offline, no model)"
@@ -188,31 +195,57 @@ def ask(
     except (AgentSetupError, agents.UnknownModel, OSError) as exc:
         return JudgeAnswer(error=f"The evaluator {info.id} could not start: {exc}"), 0.0
     try:
-        process, identity = processes.spawn(
+        # Its own empty folder writable, its program and the system read-only, no repository.
+        prepared = runfolder.start_sandboxed(
             invocation.argv,
+            runfolder.agent_environment(invocation.env),
             cwd=call,
-            env=runfolder.agent_environment(invocation.env),
-            log_path=task.log_path,
-            stdin_path=invocation.stdin_path,
+            writable=[call],
+            home=call / runfolder.AGENT_HOME,
+            files=invocation.shown,
         )
-    except OSError as exc:
+    except (sandbox.SandboxUnavailable, OSError) as exc:
         adapter.judge_cleanup(task)
         return JudgeAnswer(error=f"The evaluator {info.id} could not start: {exc}"), 0.0
-    # Its own process group outlives us if we are killed: reconcile (a lost judgment) or
-    # the next claimer (a review taken over) stops it from this record.
-    processes.record_started(folder / runfolder.EVALUATOR_PIDS, identity)
-    timeout = float(settings.REPLAYS_EVALUATOR_TIMEOUT_SECONDS)
     try:
-        exit_code = processes.wait_for(
-            process, identity, timeout_seconds=timeout, tick=tick, tick_seconds=0.5
+        try:
+            process, identity = prepared.spawn(
+                cwd=call, log_path=task.log_path, stdin_path=invocation.stdin_path
+            )
+        except OSError as exc:
+            adapter.judge_cleanup(task)
+            return JudgeAnswer(error=f"The evaluator {info.id} could not start: {exc}"), 0.0
+        # Its own process group outlives us if we are killed: reconcile (a lost judgment)
+        # or the next claimer (a review taken over) stops it from this record.
+        processes.record_started(folder / runfolder.EVALUATOR_PIDS, identity)
+        timeout = float(settings.REPLAYS_EVALUATOR_TIMEOUT_SECONDS)
+        try:
+            exit_code = processes.wait_for(
+                process, identity, timeout_seconds=timeout, tick=tick, tick_seconds=0.5
+            )
+        finally:
+            adapter.judge_cleanup(task)
+        not_started = (
+            prepared.failure(processes.read_tail(task.log_path)) if exit_code is not None else ""
         )
     finally:
-        adapter.judge_cleanup(task)
+        prepared.close()
     seconds = round(time.monotonic() - started, 3)
     if exit_code is None:
         return JudgeAnswer(
             error=f"The evaluator {info.id} did not answer within {timeout:g} s."
         ), seconds
+    if not_started:
+        return JudgeAnswer(
+            error=f"The evaluator {info.id} could not start in the sandbox: {not_started}"
+        ), seconds
     answer = adapter.judge_answer(task, exit_code=exit_code)
     answer.error = plain_text(answer.error)
+    absurd = absurd_usage(answer)
+    if absurd:
+        # Figures no call can reach fail the review with the reason (and keep the reply
+        # for audit), rather than the money columns.
+        return JudgeAnswer(
+            error=f"The evaluator {info.id} {absurd}: its answer was not used.", raw=answer.raw
+        ), seconds
     return answer, seconds

@@ -33,7 +33,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from replays import processes, repos, runfolder
+from replays import processes, repos, runfolder, sandbox
 from replays.evaluation import checks, evaluators
 from replays.models import Review, ReviewStatus
 
@@ -390,6 +390,21 @@ def verify_tree(
         return checks.TreeTests(
             outcome="error", message=f"The historical tests could not be laid over: {exc}"
         )
+    def sandboxed(argv: list[str], env: dict[str, str]) -> sandbox.Prepared:
+        # The tree and the command's own folder writable; beyond the system, a program of
+        # the repository's own (its .venv, say) or Replays' own Python read-only; what git
+        # needs for the tree; no network unless the operator opened it.
+        return runfolder.start_sandboxed(
+            argv,
+            env,
+            cwd=tree,
+            writable=[folder, tree],
+            home=folder / runfolder.AGENT_HOME,
+            network=runfolder.verify_network(),
+            programs_within=runfolder.verify_program_folders(repository),
+            git=(repository, tree),
+        )
+
     return checks.run_verify(
         tree=tree,
         command=command,
@@ -397,6 +412,7 @@ def verify_tree(
         env=runfolder.agent_environment({}),
         folder=folder,
         tick=tick,
+        sandboxed=sandboxed,
     )
 
 

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
-from django.http import HttpRequest
+from typing import Any
+
+from django.conf import settings
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import render
 from django.utils.http import url_has_allowed_host_and_scheme
 
-from replays import agents
+from replays import agents, runfolder
 
 
 def model_labels(infos: list[agents.ModelInfo] | None = None) -> dict[str, str]:
@@ -20,3 +24,38 @@ def safe_next(request: HttpRequest, default: str) -> str:
     ):
         return target
     return default
+
+
+def sandbox_notice(request: HttpRequest) -> dict[str, str]:
+    """The banner every page shows when runs are not sandboxed (the operator's single-user
+    mode) or cannot start here for want of a sandbox (a context processor)."""
+    if not runfolder.sandbox_required():
+        return {
+            "sandbox_notice": (
+                "Runs are not sandboxed (REPLAYS_SANDBOX=off): every agent, verify command "
+                "and evaluator can read what Replays' account can, the database, the secret "
+                "key and every user's data included. Use this mode for a single user on "
+                "their own machine only."
+            )
+        }
+    return {"sandbox_notice": runfolder.sandbox_unavailable_reason()}
+
+
+def locked_out(
+    request: HttpRequest, response: HttpResponse | None = None, credentials: Any = None
+) -> HttpResponse:
+    """What django-axes answers a sign-in made while it is locked out (AXES_LOCKOUT_CALLABLE):
+    429, a page that says why and for how long."""
+    username = ""
+    if isinstance(credentials, dict):
+        username = str(credentials.get("username") or "")
+    return render(
+        request,
+        "registration/locked_out.html",
+        {
+            "username": username or request.POST.get("username", ""),
+            "lockout_minutes": settings.REPLAYS_LOGIN_LOCKOUT_MINUTES,
+            "failures": settings.REPLAYS_LOGIN_FAILURES,
+        },
+        status=429,
+    )

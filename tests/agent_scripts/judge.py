@@ -6,6 +6,7 @@ Reads the task file, writes an answer, reports usage, and logs the call. JUDGE_M
 - "always-a": always prefers attempt A (a position-biased judge: inconsistent);
 - "garbage": writes an answer that is not JSON;
 - "slow": like prefer-changes after sleeping JUDGE_SLEEP seconds.
+JUDGE_COST, when set, is the cost its usage file reports (0.0125 by default).
 JUDGE_CALLS, when set, gets one line per call: the task name and the process id.
 """
 
@@ -28,7 +29,8 @@ def main() -> int:
     if mode == "slow":
         time.sleep(float(os.environ.get("JUDGE_SLEEP", "30")))
     with open(os.environ["REPLAYS_USAGE_FILE"], "w", encoding="utf-8") as usage:
-        json.dump({"input_tokens": 1000, "output_tokens": 100, "cost_usd": 0.0125}, usage)
+        cost = float(os.environ.get("JUDGE_COST", "0.0125"))
+        json.dump({"input_tokens": 1000, "output_tokens": 100, "cost_usd": cost}, usage)
     if mode == "garbage":
         with open(answer_file, "w", encoding="utf-8") as answer:
             answer.write("I think A is better, probably.")
