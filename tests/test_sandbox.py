@@ -28,6 +28,7 @@ from django.contrib.auth.models import User
 from replays import dispatch, doctor, planning, processes, runfolder, sandbox
 from replays.agents.base import RunContext
 from replays.agents.codex import CodexAgent
+from replays.agents.problems import SetupKind, SetupProblem
 from replays.models import FailureCode, PlanStatus, Run, RunStatus
 from tests.conftest import NODE_BIN, require_tool
 from tests.fakes.openai_server import OpenAIServer
@@ -275,8 +276,12 @@ def test_a_program_that_cannot_start_in_the_sandbox_fails_the_run_and_says_why(
     try:
         model = world.agent("hidden", [str(hidden)])
         run = world.run(model, mode="bwrap")
-        assert (run.status, run.failure_code) == (RunStatus.FAILED, FailureCode.INFRASTRUCTURE)
-        assert run.failure_message.startswith("The sandbox could not start the agent: bwrap: ")
+        # Not the model's failure: setup's, with bwrap's reason and the fix.
+        assert (run.status, run.failure_code) == (RunStatus.FAILED, FailureCode.SETUP)
+        assert run.failure_message.startswith(
+            "Setup problem (the agent's program cannot start): The sandbox could not start the "
+            "agent: bwrap: execvp "
+        )
         assert "No such file or directory" in run.failure_message
         assert run.diff == ""
         unsandboxed = world.run(model, mode="off")
@@ -453,12 +458,13 @@ def test_codex_whose_commands_all_fail_in_its_sandbox_is_a_setup_failure_not_a_r
         assert code == 0
         outcomes[name] = (agent.outcome(context, exit_code=0), (workspace / "made.txt").exists())
     outcome, made = outcomes["its own TMPDIR"]
-    assert made and outcome.setup_error == "" and not outcome.failed
+    assert made and outcome.setup is None and not outcome.failed
     outcome, made = outcomes["TMPDIR /tmp"]
     assert not made
-    assert outcome.failed and outcome.setup_error == (
+    assert outcome.failed and outcome.setup == SetupProblem(
+        SetupKind.SANDBOX,
         "Codex could not run any command: its one command failed in a sandbox before "
-        "running: bwrap: execvp codex-linux-sandbox: No such file or directory"
+        "running: bwrap: execvp codex-linux-sandbox: No such file or directory",
     )
 
 

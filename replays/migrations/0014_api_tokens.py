@@ -37,7 +37,7 @@ def hash_the_tokens_kept_in_the_clear(apps, schema_editor):
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('replays', '0012_run_log'),
+        ('replays', '0013_failure_setup'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
