@@ -274,7 +274,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "django.contrib.humanize",
     # API tokens are replays.models.ApiToken, kept hashed (rest_framework.authtoken kept
-    # them in the clear: replays' migration 0014 hashes those and empties its table).
+    # them in the clear: replays' migration 0015 hashes those and empties its table).
     "rest_framework",
     "drf_spectacular",
     "drf_spectacular_sidecar",

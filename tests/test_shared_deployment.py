@@ -223,7 +223,7 @@ def test_tokens_kept_in_the_clear_are_hashed_by_the_migration_and_go_on_working(
             [key, "2026-11-01 10:00:00", user.pk],
         )
     try:
-        migration = importlib.import_module("replays.migrations.0014_api_tokens")
+        migration = importlib.import_module("replays.migrations.0015_api_tokens")
         from django.apps import apps
 
         with connection.schema_editor() as editor:

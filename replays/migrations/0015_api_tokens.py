@@ -37,7 +37,7 @@ def hash_the_tokens_kept_in_the_clear(apps, schema_editor):
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('replays', '0013_failure_setup'),
+        ('replays', '0014_long_context_prices_and_requests_as_sent'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
