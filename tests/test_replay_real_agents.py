@@ -128,10 +128,11 @@ def test_codex_claude_and_the_historical_result_side_by_side(
 
     # Claude Code: the tokens the server reported; the cost and model time are Claude's own.
     assert claude.tokens == scripted_usage(anthropic).as_dict()
+    # Its result line (2.1.332 writes the keys in another order than 2.1.197 did).
     final = next(
-        json.loads(line)
+        event
         for line in (Path(claude.run_dir) / "agent.log").read_text().splitlines()
-        if line.startswith('{"type":"result"')
+        if line.startswith("{") and (event := json.loads(line)).get("type") == "result"
     )
     assert claude.cost_usd == pricing.round_usd(Decimal(str(final["total_cost_usd"])))
     assert claude.model_seconds is not None
