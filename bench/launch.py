@@ -144,7 +144,7 @@ def approve_and_wait(setup: Setup, members: int) -> list[float]:
     approval does; each agent's start, in seconds after the commit."""
     from django.db import transaction
 
-    from replays import dispatch, runfolder
+    from replays import runfolder, wakeups
     from replays.models import FINISHED_RUN_STATUSES, Run
     from tests.run_factories import make_run_graph
 
@@ -157,7 +157,7 @@ def approve_and_wait(setup: Setup, members: int) -> list[float]:
             models=[f"bench:m{index}" for index in range(members)],
             result_sha256="0" * 64,
         )
-        dispatch.request_dispatch()
+        wakeups.request_dispatch()
         approved = time.time()
     folders = [runfolder.run_folder(run.pk) for run in runs]
     ids = [run.pk for run in runs]
@@ -225,7 +225,7 @@ def freed_slot_gap(setup: Setup) -> float:
     """Capacity 1, two members: the first run's end to the second agent's start."""
     from django.db import transaction
 
-    from replays import dispatch, runfolder
+    from replays import runfolder, wakeups
     from replays.models import FINISHED_RUN_STATUSES, Run
     from tests.run_factories import make_run_graph
 
@@ -238,7 +238,7 @@ def freed_slot_gap(setup: Setup) -> float:
             models=["bench:m0", "bench:m1"],
             result_sha256="0" * 64,
         )
-        dispatch.request_dispatch()
+        wakeups.request_dispatch()
     ids = [run.pk for run in runs]
     wait_until(
         lambda: (

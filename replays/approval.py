@@ -15,8 +15,9 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from replays import context, planning
+from replays import context, planning, wakeups
 from replays.models import Batch, LaunchError, Plan, PlanStatus, Run, Thread
+from replays.runspec import RunSpec
 
 CONFIGURATION_CHANGED = "The approved configuration changed. Prepare and approve it again."
 # What planning's secrets.token_urlsafe(32) gives (43 characters), with room to spare:
@@ -173,56 +174,59 @@ def protected_input_changes(
     return changes, current
 
 
-def configuration_columns(configuration: dict[str, Any]) -> dict[str, str]:
-    """The Run columns that copy keys of its configuration (what the leaderboard filters
-    and groups on), for Run(..., **configuration_columns(config))."""
+def configuration_columns(spec: RunSpec) -> dict[str, str]:
+    """The Run columns that copy fields of its spec (what the leaderboard filters and
+    groups on), for Run(..., **configuration_columns(spec))."""
     return {
-        "repository": str(configuration.get("repository") or ""),
-        "start_message_uuid": str(configuration.get("start_message_uuid") or ""),
-        "end_message_uuid": str(configuration.get("end_message_uuid") or ""),
-        "context": str(configuration.get("context") or context.COLD),
+        "repository": spec.repository,
+        "start_message_uuid": spec.start_message_uuid,
+        "end_message_uuid": spec.end_message_uuid,
+        "context": spec.context,
     }
 
 
-def run_configuration(
+def run_spec(
     plan: Plan,
     prepared: dict[str, Any],
     item: dict[str, Any],
     model: str,
     thread: Thread,
     resolved: planning.ThreadPreparation,
-) -> dict[str, Any]:
+    *,
+    batch_id: int | None = None,
+) -> RunSpec:
     """The exact configuration one member runs with (also written into its run folder)."""
     mode = resolved.mode_of(model)
-    return {
-        "plan_id": plan.pk,
-        "thread_id": thread.pk,
-        "thread_title": item["thread_title"] or thread.title,
-        "model": model,
-        "repository": prepared["repository"],
-        "baseline_commit": prepared["baseline_commit"],
-        "ending_commit": prepared["ending_commit"],
-        "historical_result_sha256": prepared["historical_result_sha256"],
-        "start_message_uuid": prepared["start_message_uuid"],
-        "end_message_uuid": prepared["end_message_uuid"],
-        "request": resolved.request,
+    return RunSpec(
+        plan_id=plan.pk,
+        batch_id=batch_id,
+        thread_id=thread.pk,
+        thread_title=item["thread_title"] or thread.title,
+        model=model,
+        repository=prepared["repository"],
+        baseline_commit=prepared["baseline_commit"],
+        ending_commit=prepared["ending_commit"],
+        historical_result_sha256=prepared["historical_result_sha256"],
+        start_message_uuid=prepared["start_message_uuid"],
+        end_message_uuid=prepared["end_message_uuid"],
+        request=resolved.request,
         # One turn each, in order: the first starts the candidate's session, the next resume it.
-        "requests": resolved.requests,
-        "timeout_seconds": plan.configuration["timeout_seconds"],
-        "verify_command": plan.configuration["verify_command"],
-        "test_paths": planning.effective_test_paths(plan.configuration),
-        "evaluator": plan.evaluator,
+        requests=tuple(resolved.requests),
+        timeout_seconds=plan.configuration["timeout_seconds"],
+        verify_command=plan.configuration["verify_command"] or "",
+        test_paths=tuple(planning.effective_test_paths(plan.configuration)),
+        evaluator=plan.evaluator,
         # What the agent knows before the request (replays.context), and why.
-        "context": mode,
-        "context_reason": resolved.context.get(model, {}).get("reason", ""),
+        context=mode,
+        context_reason=resolved.context.get(model, {}).get("reason", ""),
         # The digest's preamble, which the first turn's request file starts with.
-        "preamble": resolved.digest if mode == context.DIGEST else "",
+        preamble=resolved.digest if mode == context.DIGEST else "",
         # A fork cuts the transcript the approval saw (the coordinator checks it still is).
-        "transcript_sha256": prepared["transcript_sha256"],
-        "prepared_configuration_sha256": prepared["prepared_configuration_sha256"][model],
+        transcript_sha256=prepared["transcript_sha256"],
+        prepared_configuration_sha256=prepared["prepared_configuration_sha256"][model],
         # What was rebuilt from the transcript (the report says so), {} when nothing was.
-        "rebuilt": prepared.get("rebuilt") or {},
-    }
+        rebuilt=prepared.get("rebuilt") or {},
+    )
 
 
 def _create_batch(
@@ -246,20 +250,21 @@ def _create_batch(
             ):
                 thread, resolved = current[item["thread_id"]]
                 for model in configuration["models"]:
-                    config = run_configuration(plan, prepared, item, model, thread, resolved)
-                    config["batch_id"] = batch.pk
+                    spec = run_spec(
+                        plan, prepared, item, model, thread, resolved, batch_id=batch.pk
+                    )
                     runs.append(
                         Run(
                             batch=batch,
                             thread=thread,
                             model=model,
-                            configuration=config,
-                            **configuration_columns(config),
+                            configuration=spec.as_json(),
+                            **configuration_columns(spec),
                         )
                     )
             # Membership is durable before anything starts: every run exists when the batch does.
             Run.objects.bulk_create(runs)
-            transaction.on_commit(_request_dispatch)
+            wakeups.request_dispatch()
     except IntegrityError:
         # Another approval of the same plan won the race: hand back its batch.
         batch = Batch.objects.filter(plan=plan).first()
@@ -267,12 +272,6 @@ def _create_batch(
             raise
         return _result(batch, idempotent=True)
     return _result(batch, idempotent=False)
-
-
-def _request_dispatch() -> None:
-    from replays import dispatch
-
-    dispatch.request_dispatch()
 
 
 def _result(batch: Batch, *, idempotent: bool) -> ApprovalResult:

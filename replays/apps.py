@@ -11,7 +11,7 @@ class ReplaysConfig(AppConfig):
         from django.db.models.signals import post_migrate
         from django_q.signals import post_spawn
 
-        from replays import processes, tasks
+        from replays import processes, supervision, tasks
 
         # The crash tests' pause points work only under tests/settings.py.
         processes.enable_test_hooks(getattr(settings, "REPLAYS_TEST_HOOKS", False))
@@ -25,5 +25,6 @@ class ReplaysConfig(AppConfig):
         # Reconcile + dispatch when a django-q2 cluster starts (see the handler for why
         # post_spawn of the first worker is the hook).
         post_spawn.connect(
-            tasks.reconcile_at_cluster_start, dispatch_uid="replays.reconcile_at_cluster_start"
+            supervision.reconcile_at_cluster_start,
+            dispatch_uid="replays.reconcile_at_cluster_start",
         )

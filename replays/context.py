@@ -36,12 +36,10 @@ from django.conf import settings
 from replays import agents, evidence, importing, repos
 from replays.agents.base import ForkedSession
 from replays.models import SourceKind, Thread, Turn
+from replays.runspec import COLD, CONTEXT_MODES, DIGEST, FORK
 from replays.transcripts.claude_code import prompt_text
 
-COLD = "cold"
-DIGEST = "digest"
-FORK = "fork"
-MODES = (COLD, DIGEST, FORK)
+MODES = CONTEXT_MODES
 # What the historical side of a comparison knew: its own session, every earlier turn in full.
 HISTORICAL_CONTEXT = "session"
 # Each context in words, for pages.

@@ -2,8 +2,8 @@
 
 Ground layer: plain Python and Pygments (no Django). The diffs are those replays.repos
 writes (`git diff --binary --no-renames`, prefixes a/ and b/, paths C-quoted when
-unusual); a diff a writer had to cut ends with its note (`[replays] The diff is larger
-than ...`), which is kept apart and shown.
+unusual); a diff a writer had to cut (Run.diff_cut, Review.historical_diff_cut) is read
+as far as it goes, and the page says it was cut.
 
 The work is bounded: at most MAX_LINES_PER_FILE lines are kept per file and MAX_LINES
 per side over the page (the rest are counted), at most MAX_FILES file pairs are shown
@@ -34,7 +34,6 @@ MAX_LINES_PER_FILE = 500
 MAX_LINES = 3000
 MAX_LINE_CHARS = 1000
 # The note replays writes after a diff it cut (coordinator and review: storable diffs).
-CUT_NOTE = "[replays] The diff is larger than"
 # A light style close to the site's palette; the token classes live under `.hl`.
 HIGHLIGHT_STYLE = "xcode"
 HIGHLIGHT_SCOPE = ".hl"
@@ -114,7 +113,6 @@ class FileDiff:
 @dataclass
 class Diff:
     files: list[FileDiff] = field(default_factory=list)
-    cut_note: str = ""  # the writer's note when it cut the diff
 
     def by_path(self) -> dict[str, FileDiff]:
         return {item.path: item for item in self.files}
@@ -125,9 +123,8 @@ class Diff:
 
 def parse_diff(text: str, *, max_lines: int = MAX_LINES_PER_FILE) -> Diff:
     """The files of a unified git diff with their hunks and line numbers."""
-    text, cut_note = _split_cut_note(text)
     lines = text.split("\n")
-    diff = Diff(cut_note=cut_note)
+    diff = Diff()
     i = 0
     while i < len(lines):
         if lines[i].startswith("diff --git "):
@@ -136,17 +133,6 @@ def parse_diff(text: str, *, max_lines: int = MAX_LINES_PER_FILE) -> Diff:
         else:
             i += 1
     return diff
-
-
-def _split_cut_note(text: str) -> tuple[str, str]:
-    # Diff lines start with ' ', '+', '-', '@', '\\' or a header word: the note, which
-    # starts a line with '[', cannot be part of the diff.
-    if text.startswith(CUT_NOTE):
-        return "", text.strip()
-    at = text.rfind("\n" + CUT_NOTE)
-    if at == -1:
-        return text, ""
-    return text[:at], text[at + 1 :].strip()
 
 
 def _read_file(lines: list[str], start: int, max_lines: int) -> tuple[FileDiff, int]:
@@ -267,17 +253,26 @@ class FilePair:
 class Comparison:
     pairs: list[FilePair]  # at most MAX_FILES, highlighted
     hidden_paths: list[str]  # the paths beyond MAX_FILES
-    historical_cut_note: str = ""
-    replay_cut_note: str = ""
+    historical_cut: bool = False  # stored cut (too large): what is shown is its beginning
+    replay_cut: bool = False
 
     @property
     def path_count(self) -> int:
         return len(self.pairs) + len(self.hidden_paths)
 
 
-def compare_diffs(historical: str, replay: str, *, max_files: int = MAX_FILES) -> Comparison:
-    """Both diffs read, paired per path and highlighted (what is shown only)."""
+def compare_diffs(
+    historical: str,
+    replay: str,
+    *,
+    historical_cut: bool = False,
+    replay_cut: bool = False,
+    max_files: int = MAX_FILES,
+) -> Comparison:
+    """Both diffs read, paired per path and highlighted (what is shown only); whether each
+    was stored cut is carried along for the page."""
     comparison = pair_diffs(parse_diff(historical), parse_diff(replay), max_files=max_files)
+    comparison.historical_cut, comparison.replay_cut = historical_cut, replay_cut
     for pair in comparison.pairs:
         for side in (pair.historical, pair.replay):
             if side is not None:
@@ -305,8 +300,6 @@ def pair_diffs(
     return Comparison(
         pairs=pairs,
         hidden_paths=paths[max_files:],
-        historical_cut_note=historical.cut_note,
-        replay_cut_note=replay.cut_note,
     )
 
 

@@ -1,4 +1,5 @@
-"""Dispatch: capacity, claiming queued runs, launching coordinators, reconcile, cancel.
+"""Dispatch: capacity, claiming queued runs, reconcile, cancel (the coordinators of
+claimed runs are started by replays.supervision).
 
 The database, not the queue, decides what runs. django-q2 may deliver a dispatch
 task twice or lose one: a claim is a compare-and-set UPDATE (queued -> launching)
@@ -13,25 +14,19 @@ fails (launch_failed, coordinator_lost) with the reason on its own row.
 
 from __future__ import annotations
 
-import functools
 import logging
-import os
-import sys
-import threading
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from django.conf import settings
-from django.core.management import call_command
-from django.db import IntegrityError, connection, connections, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import Count, F, QuerySet, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
-from django_q.signals import post_spawn
 
-from replays import processes, repos, runfolder, runlogs
+from replays import processes, repos, runfolder, runlogs, wakeups
 from replays.agents.base import read_tail
 from replays.models import (
     Batch,
@@ -46,7 +41,7 @@ from replays.models import (
     RunPhase,
     RunStatus,
 )
-from replays.runfolder import AGENT_LOG, COORDINATOR_LOG, run_folder
+from replays.runfolder import AGENT_LOG, run_folder
 
 logger = logging.getLogger(__name__)
 
@@ -140,131 +135,16 @@ def claim_queued_runs(*, host: str | None = None, limit: int | None = None) -> l
     return list(Run.objects.filter(pk__in=claimed).order_by("created_at", "id"))
 
 
-def dispatch_runs(*, host: str | None = None) -> list[int]:
-    """Claim what capacity allows, start one coordinator per claimed run; the spawned ids."""
-    if transaction.get_connection().in_atomic_block:
-        # A coordinator could not see an uncommitted claim, and no process starts inside a
-        # transaction: use request_dispatch() there, which waits for the commit.
-        raise RuntimeError("dispatch_runs() must run outside a transaction")
-    host = host or settings.REPLAYS_HOST_NAME
-    spawned: list[int] = []
-    while True:
-        runs = claim_queued_runs(host=host)
-        if not runs:
-            return spawned
-        launched = launch_coordinators(runs=runs, host=host)
-        spawned.extend(launched)
-        if len(launched) == len(runs):
-            # Every claimed slot is now held; a failed spawn freed one, so claim again.
-            return spawned
 
 
-def launch_coordinators(*, runs: list[Run], host: str | None = None) -> list[int]:
-    """Start the coordinators of claimed runs, outside any transaction; the started ids.
-
-    Every coordinator is started first, then their pids are written in one transaction:
-    no query runs between two starts (a forked coordinator must not inherit an open
-    connection, and 64 single writes would each wait for the database's write lock
-    behind the coordinators already writing). A coordinator writes its own pid when it
-    starts anyway; until then reconcile knows the run by its launcher (this process).
-    """
-    host = host or settings.REPLAYS_HOST_NAME
-    fork = _forks_coordinators(host)
-    if fork:
-        # A connection shared with the children would be used by two processes at once.
-        connections.close_all()
-    started: list[tuple[int, processes.ProcessIdentity]] = []
-    failed: list[tuple[int, Exception]] = []
-    for run in runs:
-        processes.pause_point("dispatch_after_claim")
-        try:
-            identity = launch_coordinator(run=run, host=host, fork=fork)
-        except Exception as exc:  # Any reason it could not start is this member's failure.
-            logger.warning("Could not start the coordinator of run %s: %s", run.pk, exc)
-            failed.append((run.pk, exc))
-            continue
-        processes.pause_point("dispatch_after_spawn")
-        started.append((run.pk, identity))
-    with transaction.atomic():
-        for run_id, identity in started:
-            # The coordinator may already have moved it to running and written its own pid.
-            Run.objects.filter(pk=run_id, status=RunStatus.LAUNCHING).update(
-                pid=identity.pid, pid_create_time=identity.create_time
-            )
-    for run_id, exc in failed:
-        fail_launch(
-            run_id=run_id,
-            code=LaunchErrorCode.SPAWN_ERROR,
-            host=host,
-            message=f"Could not start the coordinator: {exc}",
-            failure_message=f"Could not start the coordinator: {exc}",
-        )
-    return [run_id for run_id, _ in started]
 
 
-def launch_coordinator(*, run: Run, host: str, fork: bool) -> processes.ProcessIdentity:
-    """Start the coordinator of one claimed run in its own process; its identity.
-
-    Forked (inside a django-q2 worker, see _forks_coordinators), it starts with Django
-    already imported and set up: a few milliseconds, where `manage.py run_coordinator
-    RUN_ID` costs a new interpreter and a second or two of CPU, which 64 members at
-    once on two cores turned into half a minute. Either way it is its own process and
-    session, identified by pid and create time, so a crash or a kill of one member
-    touches no other and reconcile finds it the same way. Touches no database.
-    """
-    # The coordinator sees what this dispatcher sees (host name, run root).
-    env = {
-        **os.environ,
-        "REPLAYS_HOST_NAME": host,
-        "REPLAYS_RUN_ROOT": str(settings.REPLAYS_RUN_ROOT),
-    }
-    log_path = run_folder(run.pk) / COORDINATOR_LOG
-    runfolder.create_run_folder(run.pk)
-    if fork:
-        return processes.fork_detached(
-            functools.partial(_coordinate, run.pk),
-            cwd=Path(settings.BASE_DIR),
-            env=env,
-            log_path=log_path,
-        )
-    argv = [sys.executable, str(Path(settings.BASE_DIR) / "manage.py"), "run_coordinator"]
-    _, identity = processes.spawn(
-        [*argv, str(run.pk)], cwd=Path(settings.BASE_DIR), env=env, log_path=log_path
-    )
-    return identity
 
 
-# Set in each django-q2 worker as it starts (post_spawn): its settings were read from the
-# environment its coordinators get, so a coordinator forked from it is the same as one
-# started afresh. Any other caller (a command, a shell, a test runner that changed its
-# settings or environment since it started) spawns a new interpreter.
-_in_task_worker = False
 
 
-def _mark_task_worker(sender: Any, **kwargs: Any) -> None:
-    global _in_task_worker
-    _in_task_worker = True
 
 
-post_spawn.connect(_mark_task_worker, dispatch_uid="replays.dispatch.mark_task_worker")
-
-
-def _forks_coordinators(host: str) -> bool:
-    """Fork only in a worker's main thread: a fork copies the forking thread alone, and the
-    host loop's thread (which dispatches when the task queue stalls) runs beside a main
-    thread that may hold any lock; from there a new interpreter is started instead."""
-    return (
-        _in_task_worker
-        and settings.REPLAYS_FORK_COORDINATORS
-        and host == settings.REPLAYS_HOST_NAME
-        and threading.current_thread() is threading.main_thread()
-    )
-
-
-def _coordinate(run_id: int) -> None:
-    """The forked coordinator's work: the same command, the same output in its log."""
-    # By name: the coordinator imports this module, not the other way round.
-    call_command("run_coordinator", str(run_id))
 
 
 def fail_launch(
@@ -290,30 +170,10 @@ def fail_launch(
     return True
 
 
-def request_dispatch() -> None:
-    """Ask a cluster to dispatch once the current transaction commits (at once outside one)."""
-    transaction.on_commit(_enqueue_dispatch)
 
 
-def request_dispatch_if_waiting() -> None:
-    """A run ended and freed its slot: ask for a dispatch when a queued run waits for one.
-
-    When none waits, nothing is asked: a run queued later asks for its own dispatch as it
-    is queued (approval). Launching a batch of 64 no longer runs 64 empty dispatch tasks
-    beside the coordinators still starting, one per member that ends meanwhile.
-    """
-    if _queued_in_order().exists():
-        request_dispatch()
 
 
-def _enqueue_dispatch() -> None:
-    from django_q.tasks import async_task
-
-    try:
-        async_task("replays.tasks.dispatch_runs_task")
-    except Exception:
-        # The schedule dispatches within a minute: a lost request is late, not lost.
-        logger.exception("Could not enqueue a dispatch; the schedule will pick the runs up")
 
 
 def capacity_snapshot() -> dict[str, Any]:
@@ -525,8 +385,8 @@ def _collect_partial_work(run: Run) -> dict[str, Any]:
     """The diff a lost run's agent left in its worktree (work is kept, not lost), then the
     worktree is removed like any finished run's."""
     workspace = Path(run.workspace_path) if run.workspace_path else None
-    repository = run.configuration.get("repository")
-    baseline = run.configuration.get("baseline_commit")
+    repository = run.spec.repository
+    baseline = run.spec.baseline_commit
     if workspace is None or not workspace.is_dir() or not repository or not baseline:
         return {}
     kept: dict[str, Any] = {}
@@ -537,8 +397,10 @@ def _collect_partial_work(run: Run) -> dict[str, Any]:
             baseline,
             private_objects=runfolder.collected_objects(workspace),
         )
+        bounded = repos.bound_diff(diff, settings.REPLAYS_MAX_DIFF_BYTES)
         kept = {
-            "diff": diff[: settings.REPLAYS_MAX_DIFF_BYTES],
+            "diff": bounded.text,
+            "diff_cut": bounded.cut,
             "files_changed": len(repos.changed_files(diff)),
         }
     except repos.GitError as exc:
@@ -584,7 +446,7 @@ def _cancel(runs: QuerySet[Run]) -> None:
 def cancel_run(*, run: Run) -> Run:
     """Cancel one member (idempotent); finished runs are left as they are."""
     _cancel(Run.objects.filter(pk=run.pk))
-    request_dispatch()  # A slot may be free.
+    wakeups.request_dispatch()  # A slot may be free.
     run.refresh_from_db()
     return run
 
@@ -592,5 +454,5 @@ def cancel_run(*, run: Run) -> Run:
 def cancel_batch(*, batch: Batch) -> Batch:
     """Cancel every member of a batch that has not finished (idempotent)."""
     _cancel(Run.objects.filter(batch=batch))
-    request_dispatch()
+    wakeups.request_dispatch()
     return batch

@@ -14,6 +14,8 @@ from django.db.models import Exists, F, OuterRef, Prefetch, Q
 from django.urls import reverse
 from django.utils import timezone
 
+from replays.runspec import RunSpec
+
 SHA256_LENGTH = 64
 COMMIT_LENGTH = 40
 MODEL_ID_LENGTH = 200
@@ -475,6 +477,9 @@ class Run(TokenTotals):
     )
     failure_message = models.TextField(blank=True)
     diff = models.TextField(blank=True)
+    # The diff was longer than REPLAYS_MAX_DIFF_BYTES: `diff` is its beginning (the run
+    # folder keeps it whole).
+    diff_cut = models.BooleanField(default=False)
     files_changed = models.PositiveIntegerField(default=0)
     log_tail = models.TextField(blank=True)
     # The verify command's outcome on the run's own tree (checks.TreeTests), taken before
@@ -539,6 +544,15 @@ class Run(TokenTotals):
     @property
     def is_finished(self) -> bool:
         return self.status in FINISHED_RUN_STATUSES
+
+    @property
+    def spec(self) -> RunSpec:
+        """The configuration this member was approved with, typed (replays.runspec); the
+        JSON column is read here and nowhere else."""
+        cached = getattr(self, "_spec", None)
+        if cached is None:
+            cached = self._spec = RunSpec.from_json(self.configuration)
+        return cached
 
     @property
     def failure_owner(self) -> FailureOwner | None:
@@ -619,6 +633,7 @@ class Review(TokenTotals):
     # The historical diff itself (cut beyond REPLAYS_MAX_DIFF_BYTES), so pages and exports
     # show it from the database, on machines that do not have the repository.
     historical_diff = models.TextField(blank=True)
+    historical_diff_cut = models.BooleanField(default=False)
     # [{"id": "c1", "text": "...", "source": "evaluator" | "tests"}]
     checks = models.JSONField(default=list, blank=True)
     # {"baseline": TreeTests, "historical": TreeTests, "sets": TestSets, "test_files": [...]}

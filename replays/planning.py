@@ -25,7 +25,7 @@ from django.utils import timezone
 
 from replays import access, agents, context, evidence, repos, runfolder
 from replays.agents.problems import MISSING
-from replays.evaluation import checks, evaluators
+from replays.evaluation import evaluators
 from replays.models import (
     MAX_MODELS_PER_PLAN,
     MAX_THREADS_PER_PLAN,
@@ -36,6 +36,7 @@ from replays.models import (
     Thread,
     Turn,
 )
+from replays.runspec import DEFAULT_TEST_PATHS
 
 MAX_REQUEST_BYTES = 1024 * 1024
 MAX_PATH_LENGTH = 4096
@@ -1028,7 +1029,7 @@ def prepared_configuration_sha256(
 
 def effective_test_paths(configuration: dict[str, Any]) -> list[str]:
     paths = configuration.get("test_paths")
-    return list(paths) if paths is not None else list(checks.DEFAULT_TEST_PATHS)
+    return list(paths) if paths is not None else list(DEFAULT_TEST_PATHS)
 
 
 def prepare_thread(

@@ -915,6 +915,43 @@ def historical_diff(repo: Path, baseline: str, ending: str) -> str:
     return _diff(repo, [baseline, ending])
 
 
+class HistoricalResultChanged(GitError):
+    """The historical diff is not the one approved (its sha256 differs)."""
+
+
+def approved_historical_diff(repo: Path, baseline: str, ending: str, sha256: str) -> str:
+    """The historical diff, checked against the sha256 approved: computed once per run and
+    handed to whoever needs it (the historical baseline, the tests, the review, the judge)."""
+    diff = historical_diff(repo, baseline, ending)
+    if sha256_text(diff) != sha256:
+        raise HistoricalResultChanged("The historical result changed since approval.")
+    return diff
+
+
+@dataclass(frozen=True)
+class BoundedDiff:
+    """A diff as a row keeps it: valid UTF-8 text of at most the limit's bytes, and whether
+    it had to be cut to fit (a fact, never a note inside the text)."""
+
+    text: str
+    cut: bool = False
+    size: int = 0  # the whole diff's bytes
+
+
+def bound_diff(diff: str, limit: int) -> BoundedDiff:
+    """`diff` cut to its first `limit` bytes and made storable (a character cut in two
+    ends it as U+FFFD)."""
+    raw = _to_bytes(diff)
+    if len(raw) <= limit:
+        return BoundedDiff(_storable_text(raw), cut=False, size=len(raw))
+    return BoundedDiff(_storable_text(raw[:limit]), cut=True, size=len(raw))
+
+
+def _storable_text(raw: bytes) -> str:
+    """Bytes as text a database column holds (what is not UTF-8 becomes U+FFFD)."""
+    return raw.decode("utf-8", errors="replace")
+
+
 def sha256_text(text: str) -> str:
     """sha256 hex of text as the bytes it stands for (UTF-8, surrogate escapes restored)."""
     return hashlib.sha256(_to_bytes(text)).hexdigest()

@@ -43,7 +43,7 @@ import psutil
 from django.contrib.auth.models import User
 from django.db.models import Count
 
-from replays import approval, dispatch, planning, processes
+from replays import approval, dispatch, planning, processes, wakeups
 from replays.models import (
     ACTIVE_RUN_STATUSES,
     FINISHED_RUN_STATUSES,
@@ -86,7 +86,7 @@ WEDGED_SECONDS = 5.0
 WEB = """
 import json, os
 from django.contrib.auth.models import User
-from replays import approval, planning
+from replays import approval, planning, wakeups
 user = User.objects.get(username=os.environ["FAULT_USER"])
 prepared = planning.prepare_plan(owner=user, raw_configuration=json.loads(os.environ["FAULT_PLAN"]))
 plan = prepared.plan
@@ -95,6 +95,11 @@ result = approval.approve_plan(plan_id=plan.pk, user=user, approved=True,
                                prepare_token=prepared.prepare_token, run_config=plan.configuration)
 print(json.dumps({"batch": result.batch.pk}), flush=True)
 """
+
+
+# The folder the agents' and judges' marker files go in: writable in their sandboxes
+# (REPLAYS_TEST_SANDBOX_WRITABLE), which show them nothing else of the test's folder.
+MARKS = "marks"
 
 
 class InvariantBroken(AssertionError):
@@ -108,7 +113,7 @@ def agents_config(root: Path) -> dict[str, Any]:
             "kind": "command",
             "models": [f"s{ms}" for ms in range(50, 3000)],
             "command": [sys.executable, str(AGENT_SCRIPTS / "mark_and_sleep.py"), "{model}"],
-            "env": {"MARKER_FILE": str(root / "starts.txt")},
+            "env": {"MARKER_FILE": str(root / MARKS / "starts.txt")},
         },
         "judge": {
             "kind": "command",
@@ -116,7 +121,7 @@ def agents_config(root: Path) -> dict[str, Any]:
             "command": [sys.executable, "-c", "pass"],
             "judge_command": [sys.executable, str(AGENT_SCRIPTS / "mark_parent.py"),
                               str(AGENT_SCRIPTS / "judge.py"), "{task_file}", "{answer_file}"],
-            "env": {"CALLS_FILE": str(root / "judge-calls.txt"), "CALLS_LABEL": "judge"},
+            "env": {"CALLS_FILE": str(root / MARKS / "judge-calls.txt"), "CALLS_LABEL": "judge"},
         },
     }  # fmt: skip
 
@@ -150,11 +155,11 @@ class FaultLab:
 
     @property
     def marker(self) -> Path:
-        return self.root / "starts.txt"
+        return self.root / MARKS / "starts.txt"
 
     @property
     def judge_calls(self) -> Path:
-        return self.root / "judge-calls.txt"
+        return self.root / MARKS / "judge-calls.txt"
 
     # --- processes ---------------------------------------------------------------
 
@@ -243,7 +248,7 @@ class FaultLab:
             evaluator=configuration["evaluator"],
             timeout_seconds=configuration["timeout_seconds"],
         )
-        dispatch.request_dispatch()
+        wakeups.request_dispatch()
         return batch
 
     def approve_here(self, configuration: dict[str, Any]) -> Batch:
@@ -427,7 +432,7 @@ class FaultLab:
                 self.start_cluster()
                 last_active = time.monotonic()
             if time.monotonic() > next_dispatch:
-                dispatch.request_dispatch()
+                wakeups.request_dispatch()
                 next_dispatch = time.monotonic() + 1
             time.sleep(0.05)
 

@@ -32,6 +32,7 @@ from replays.models import (
     Thread,
     Winner,
 )
+from replays.runspec import RunSpec
 
 REPOSITORY = "/srv/repos/project"
 CREATED = datetime(2026, 11, 10, 12, 0, tzinfo=UTC)
@@ -122,7 +123,7 @@ def seed(
                 phase=RunPhase.DONE,
                 configuration=configuration,
                 # As approval writes them (the leaderboard reads these columns).
-                **configuration_columns(configuration),
+                **configuration_columns(RunSpec.from_json(configuration)),
                 created_at=created_at,
                 finished_at=created_at + timedelta(seconds=seconds),
                 wall_seconds=seconds,

@@ -22,6 +22,7 @@ from django.utils import timezone
 from replays.approval import configuration_columns
 from replays.evaluation.checks import DEFAULT_TEST_PATHS
 from replays.models import Batch, Plan, PlanStatus, Run, RunStatus, SourceKind, Thread, Turn
+from replays.runspec import RunSpec
 
 DEFAULT_REQUEST = "Make the greeting friendlier, add notes, and remove the obsolete file."
 
@@ -200,7 +201,7 @@ def make_run_graph(
                 model=model,
                 status=RunStatus.QUEUED,
                 configuration=configuration,
-                **configuration_columns(configuration),
+                **configuration_columns(RunSpec.from_json(configuration)),
                 created_at=now,
             )
         )

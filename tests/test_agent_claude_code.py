@@ -29,6 +29,7 @@ from replays.agents.base import AgentSetupError, RunContext
 from replays.agents.claude_code import ClaudeCodeAgent, render_events
 from replays.evaluation import leaderboard
 from replays.models import FailureCode, FailureOwner, Run, RunStatus
+from replays.runspec import RunSpec
 from replays.transcripts.base import TokenUsage
 from tests.conftest import NODE_BIN, REAL_TRANSCRIPTS, manifest_session, require_tool
 from tests.fakes import anthropic_server
@@ -231,7 +232,7 @@ def context_for(
     return RunContext(
         run_id=1,
         model=model,
-        configuration={},
+        spec=RunSpec(),
         run_dir=run_dir,
         workspace=run_dir / "workspace",
         request_file=request,

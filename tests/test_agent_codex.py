@@ -24,6 +24,7 @@ from replays import agents, processes
 from replays.agents.base import AgentSetupError, RunContext
 from replays.agents.codex import CodexAgent
 from replays.models import FailureCode, Run, RunStatus
+from replays.runspec import RunSpec
 from replays.transcripts.base import TokenUsage
 from tests.conftest import NODE_BIN, require_tool
 from tests.fakes.openai_server import OpenAIServer, last_user_text
@@ -106,7 +107,7 @@ def context_for(tmp_path: Path, log: str, *, model: str = "gpt-5.5") -> RunConte
     return RunContext(
         run_id=1,
         model=model,
-        configuration={},
+        spec=RunSpec(),
         run_dir=run_dir,
         workspace=run_dir / "workspace",
         request_file=run_dir / "request.md",

@@ -15,6 +15,7 @@ from replays import agents
 from replays.agents.base import RunContext, plain_text, read_tail
 from replays.agents.baselines import EmptyAgent, HistoricalAgent
 from replays.agents.command import CommandAgent, read_usage_file
+from replays.runspec import RunSpec
 from replays.transcripts.base import TokenUsage
 
 PYTHON = sys.executable
@@ -136,7 +137,7 @@ def context(tmp_path: Path) -> RunContext:
     return RunContext(
         run_id=7,
         model="gpt-5",
-        configuration={},
+        spec=RunSpec(),
         run_dir=tmp_path / "run-7",
         workspace=tmp_path / "run-7" / "workspace",
         request_file=tmp_path / "run-7" / "request.md",
@@ -259,7 +260,7 @@ def test_the_agent_environment_hides_our_secrets(monkeypatch: pytest.MonkeyPatch
 
 
 def test_durations_read_like_a_clock() -> None:
-    from replays.coordinator import _duration
+    from replays.coordinator.member import duration as _duration
 
     assert _duration(1200) == "20m 0s"
     assert _duration(45) == "45s"

@@ -22,6 +22,7 @@ from replays import approval
 from replays.agents.base import AgentSetupError, RunContext
 from replays.agents.command import CommandAgent
 from replays.models import Batch, Plan, Thread
+from replays.runspec import RunSpec
 from tests.run_factories import make_git_repo, make_run_graph
 
 pytestmark = pytest.mark.django_db
@@ -327,7 +328,7 @@ def test_a_command_agent_refuses_a_model_that_looks_like_an_option(tmp_path: Pat
     context = RunContext(
         run_id=1,
         model="--yes-always",
-        configuration={},
+        spec=RunSpec(),
         run_dir=tmp_path,
         workspace=tmp_path / "workspace",
         request_file=tmp_path / "request.md",

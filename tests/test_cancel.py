@@ -9,7 +9,7 @@ import pytest
 from django.contrib.auth.models import User
 from django.utils import timezone
 
-from replays import dispatch, tasks
+from replays import dispatch, supervision, tasks
 from replays.models import FailureCode, Run, RunPhase, RunStatus
 from tests.conftest import is_within
 from tests.run_factories import make_run_graph
@@ -32,7 +32,7 @@ def test_capacity_n_starts_n_members_and_the_rest_start_in_order_as_slots_free(
 ) -> None:
     batch, runs = lab.batch(user, ["sleeper:m1", "sleeper:m2", "sleeper:m3", "sleeper:m4"])
 
-    assert dispatch.dispatch_runs() == [runs[0].pk, runs[1].pk]
+    assert supervision.dispatch_runs() == [runs[0].pk, runs[1].pk]
     wait_until(lambda: all(lab.agent_pids(run) for run in runs[:2]), what="two agents")
     for run in runs[2:]:
         run.refresh_from_db()
@@ -70,7 +70,7 @@ def test_cancelling_a_running_member_leaves_no_process_behind_and_is_idempotent(
     user: User,
 ) -> None:
     _, [run] = lab.batch(user, ["sleeper:m1"])
-    dispatch.dispatch_runs()
+    supervision.dispatch_runs()
     agent, child, grandchild = wait_until(lambda: lab.agent_pids(run), what="the agent tree")
     run.refresh_from_db()
     coordinator = run.pid

@@ -121,16 +121,20 @@ def test_no_newline_markers_mode_changes_and_quoted_paths(tmp_path: Path) -> Non
     ]
 
 
-def test_a_diff_cut_by_its_writer_keeps_the_note_apart(tmp_path: Path) -> None:
+def test_a_diff_stored_cut_is_read_as_far_as_it_goes(tmp_path: Path) -> None:
+    """Cut is a fact stored beside the diff (Run.diff_cut, Review.historical_diff_cut),
+    never a note in its text: a diff cut in the middle of a hunk still reads."""
     repo, baseline, ending = make_git_repo(tmp_path)
     text = diff_between(repo, baseline, ending)
-    note = "[replays] The diff is larger than 100 bytes; the whole diff is in /tmp/run-1/full.diff."
-    cut = text[:150] + "\n" + note + "\n"
-    diff = diffview.parse_diff(cut)
-    assert diff.cut_note == note
+    kept = repos.bound_diff(text, 150)
+    assert kept.cut and kept.size == len(text.encode()) and len(kept.text.encode()) <= 150
+    diff = diffview.parse_diff(kept.text)
     assert [item.path for item in diff.files] == ["app.py"]
     assert all(CUT_WORD not in line.text for hunk in diff.files[0].hunks for line in hunk.lines)
-    assert diffview.parse_diff(text).cut_note == ""
+    comparison = diffview.compare_diffs("", kept.text, replay_cut=True)
+    assert comparison.replay_cut and not comparison.historical_cut
+    whole = repos.bound_diff(text, 10_000)
+    assert (whole.cut, whole.text) == (False, text)
 
 
 # --- pairing ---------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from replays.agents.base import ForkedSession, RunContext
 from replays.agents.claude_code import ClaudeCodeAgent, claude_project_slug
 from replays.agents.codex import CodexAgent
 from replays.models import PlanStatus, Run, RunStatus, Thread, Transcript, Turn
+from replays.runspec import RunSpec
 from replays.transcripts import parse_transcript
 from replays.transcripts.base import MAX_FINAL_ANSWER_CHARS, ParsedTurn
 from tests.conftest import FIXTURES, REAL_TRANSCRIPTS, manifest_session
@@ -466,7 +467,7 @@ def test_claude_names_a_project_folder_as_claude_code_does() -> None:
 
 def run_context(tmp_path: Path, **fields: Any) -> RunContext:
     return RunContext(
-        run_id=1, model="m", configuration={}, run_dir=tmp_path, workspace=tmp_path / "ws",
+        run_id=1, model="m", spec=RunSpec(), run_dir=tmp_path, workspace=tmp_path / "ws",
         request_file=tmp_path / "request.md", log_path=tmp_path / "agent.log", **fields,
     )  # fmt: skip
 

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from django.contrib.auth.models import User
 
-from replays import dispatch
+from replays import dispatch, supervision
 from replays.models import (
     FINISHED_RUN_STATUSES,
     FailureCode,
@@ -69,7 +69,7 @@ def assert_every_member_accounted_for(lab: Lab, runs: list[Run]) -> None:
     for _ in range(3):
         report = dispatch.reconcile_runs()
         assert (report.launch_failed, report.coordinator_lost) == (0, 0)
-    assert dispatch.dispatch_runs() == []
+    assert supervision.dispatch_runs() == []
     time.sleep(0.5)
     assert [
         (run.pk, run.status, run.failure_code)
@@ -149,7 +149,7 @@ def test_coordinator_killed_before_start_fails_the_launch(
 ) -> None:
     _, [run] = lab.batch(user, ["editor:m1"])
     pause_in_children(lab, monkeypatch, "coordinator_before_start")
-    assert dispatch.dispatch_runs() == [run.pk]
+    assert supervision.dispatch_runs() == [run.pk]
     coordinator = lab.paused_pid("coordinator_before_start")
     run.refresh_from_db()
     assert (run.status, run.pid) == (RunStatus.LAUNCHING, coordinator)
@@ -176,7 +176,7 @@ def test_coordinator_killed_before_the_agent_loses_the_run_without_starting_it(
 ) -> None:
     _, [run] = lab.batch(user, ["sleeper:m1"])
     pause_in_children(lab, monkeypatch, "coordinator_before_agent")
-    dispatch.dispatch_runs()
+    supervision.dispatch_runs()
     coordinator = lab.paused_pid("coordinator_before_agent")
     assert dispatch.reconcile_runs().coordinator_lost == 0  # alive: left alone
 
@@ -200,7 +200,7 @@ def test_coordinator_killed_while_the_agent_runs_loses_the_run_kills_the_tree_ke
 ) -> None:
     _, [run] = lab.batch(user, ["sleeper:m1"])
     pause_in_children(lab, monkeypatch, "coordinator_agent_running")
-    dispatch.dispatch_runs()
+    supervision.dispatch_runs()
     coordinator = lab.paused_pid("coordinator_agent_running")
     tree = wait_until(lambda: lab.agent_pids(run), what="the agent tree")
     wait_until(

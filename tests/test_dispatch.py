@@ -20,7 +20,7 @@ from django.db import connection, connections, transaction
 from django.utils import timezone
 from django_q.models import OrmQ, Schedule
 
-from replays import dispatch, processes, repos, tasks
+from replays import dispatch, processes, repos, runfolder, supervision, tasks, wakeups
 from replays.models import (
     FINISHED_RUN_STATUSES,
     Batch,
@@ -44,7 +44,7 @@ MARK_START = (
     "    marker.write(os.environ['REPLAYS_RUN_ID'] + '\\n')\n"
     "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])\n"
 )
-DISPATCH_ONCE = "from replays import dispatch; print('DISPATCHED', dispatch.dispatch_runs())"
+DISPATCH_ONCE = "from replays import supervision; print('DISPATCHED', supervision.dispatch_runs())"
 
 
 def wait_until(condition: Callable[[], Any], *, seconds: float = 15, what: str = "") -> Any:
@@ -117,7 +117,7 @@ class Lab:
 
     def coordinator_done(self, run: Run) -> bool:
         """The coordinator process for this run printed its last line (won or lost)."""
-        log = self.run_dir(run) / dispatch.COORDINATOR_LOG
+        log = self.run_dir(run) / runfolder.COORDINATOR_LOG
         return log.exists() and f"Run {run.pk}:" in log.read_text(errors="replace")
 
     def start_dispatcher(self, *, pause_at: str = "") -> subprocess.Popen[bytes]:
@@ -335,7 +335,7 @@ def test_dispatcher_threads_racing_never_claim_a_run_twice_or_exceed_capacity(
 
 CLAIM_LOOP = """
 import time
-from replays import dispatch
+from replays import dispatch, supervision, wakeups
 claimed = []
 deadline = time.monotonic() + 4
 while time.monotonic() < deadline:
@@ -386,7 +386,7 @@ def test_a_coordinator_that_cannot_be_spawned_fails_the_launch_once_and_is_never
     settings.REPLAYS_MAX_PARALLEL_RUNS = 1
     runs = queued_runs(user, 2)
 
-    assert dispatch.dispatch_runs() == []
+    assert supervision.dispatch_runs() == []
 
     for run in runs:  # each failed spawn frees its slot for the next one
         run.refresh_from_db()
@@ -401,7 +401,7 @@ def test_a_coordinator_that_cannot_be_spawned_fails_the_launch_once_and_is_never
         assert error.host == settings.REPLAYS_HOST_NAME
 
     # Never retried: dispatch, reconcile, dispatch again change nothing.
-    assert dispatch.dispatch_runs() == []
+    assert supervision.dispatch_runs() == []
     dispatch.reconcile_runs()
     assert tasks.dispatch_runs_task() == []
     assert LaunchError.objects.count() == 2
@@ -426,7 +426,7 @@ def test_dispatch_refuses_to_start_processes_inside_a_transaction(
 ) -> None:
     [run] = queued_runs(user, 1)
     with transaction.atomic(), pytest.raises(RuntimeError, match="outside a transaction"):
-        dispatch.dispatch_runs()
+        supervision.dispatch_runs()
     assert Run.objects.get(pk=run.pk).status == RunStatus.QUEUED
 
 
@@ -434,12 +434,12 @@ def test_request_dispatch_enqueues_a_dispatch_task_when_the_transaction_commits(
     transactional_db: None,
 ) -> None:
     with transaction.atomic():
-        dispatch.request_dispatch()
+        wakeups.request_dispatch()
         assert OrmQ.objects.count() == 0
     [queued] = OrmQ.objects.all()
     assert queued.func() == "replays.tasks.dispatch_runs_task"
 
-    dispatch.request_dispatch()  # outside a transaction: at once
+    wakeups.request_dispatch()  # outside a transaction: at once
     assert OrmQ.objects.count() == 2
 
 
@@ -451,7 +451,7 @@ def test_a_broken_broker_does_not_break_request_dispatch(
         raise ConnectionError("broker down")
 
     monkeypatch.setattr("django_q.tasks.async_task", refuse)
-    dispatch.request_dispatch()
+    wakeups.request_dispatch()
     assert "Could not enqueue a dispatch" in caplog.text
 
 
@@ -469,7 +469,7 @@ def test_dispatch_is_scheduled_every_minute_idempotently(
         assert schedules[name].minutes == 1
         assert schedules[name].repeats == -1
     assert Schedule.objects.filter(name__in=tasks.SCHEDULES).count() == len(tasks.SCHEDULES)
-    # Reconcile runs on every host (tasks.host_loop), not on one schedule.
+    # Reconcile runs on every host (supervision.host_loop), not on one schedule.
     assert not Schedule.objects.filter(name__in=tasks.RETIRED_SCHEDULES).exists()
 
 
@@ -509,7 +509,7 @@ def test_a_cluster_runs_a_historical_and_an_empty_member_to_their_diffs(
     lab: Lab, user: User
 ) -> None:
     _, runs = lab.batch(user, ["historical", "empty"])
-    dispatch.request_dispatch()
+    wakeups.request_dispatch()
     # At least this dispatch is queued (a coordinator of an earlier test, still ending,
     # may have asked for one too).
     assert OrmQ.objects.count() >= 1

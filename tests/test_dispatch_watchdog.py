@@ -22,7 +22,7 @@ from django.contrib.auth.models import User
 from django.utils import timezone
 from django_q.models import OrmQ
 
-from replays import dispatch, tasks
+from replays import supervision, wakeups
 from replays.models import Host, Run, RunStatus
 from tests.test_cluster import stop_cluster
 from tests.test_dispatch import MANAGE, Lab, finished, queued_runs, wait_until
@@ -71,7 +71,7 @@ def test_a_cluster_stuck_on_its_queue_lock_still_starts_what_is_approved(
         wait_until(replaced, seconds=30, what="the sentinel to replace what was killed")
 
         _, [run] = lab.batch(user, ["editor:m1"])
-        dispatch.request_dispatch()  # as approval does: a task nobody will take now
+        wakeups.request_dispatch()  # as approval does: a task nobody will take now
         wait_until(lambda: finished(run), seconds=60, what="the run to start and finish")
 
         run.refresh_from_db()
@@ -91,20 +91,20 @@ def test_the_loop_waits_for_the_stall_limit_and_never_dispatches_into_a_full_hos
     settings.REPLAYS_DISPATCH_STALL_SECONDS = 20
     settings.REPLAYS_MAX_PARALLEL_RUNS = 1
     started: list[str] = []
-    monkeypatch.setattr(dispatch, "dispatch_runs", lambda **_: started.append("yes") or [1])
-    monkeypatch.setattr(tasks, "_waiting_since", None)
+    monkeypatch.setattr(supervision, "dispatch_runs", lambda **_: started.append("yes") or [1])
+    monkeypatch.setattr(supervision, "_waiting_since", None)
     [first, _] = queued_runs(user, 2)
 
-    assert tasks.dispatch_if_stalled(now=100.0) == []  # it starts waiting
-    assert tasks.dispatch_if_stalled(now=119.0) == []  # not long enough
-    assert tasks.dispatch_if_stalled(now=120.5) == [1] and started == ["yes"]
+    assert supervision.dispatch_if_stalled(now=100.0) == []  # it starts waiting
+    assert supervision.dispatch_if_stalled(now=119.0) == []  # not long enough
+    assert supervision.dispatch_if_stalled(now=120.5) == [1] and started == ["yes"]
 
     # A full host: the queued run waits for a slot, not for a dispatch.
     Run.objects.filter(pk=first.pk).update(status=RunStatus.RUNNING)
     for now in (200.0, 300.0, 400.0):
-        assert tasks.dispatch_if_stalled(now=now) == []
+        assert supervision.dispatch_if_stalled(now=now) == []
     # The slot frees: the wait starts again from there, not from before.
     Run.objects.filter(pk=first.pk).update(status=RunStatus.COMPLETED, finished_at=timezone.now())
-    assert tasks.dispatch_if_stalled(now=500.0) == []
-    assert tasks.dispatch_if_stalled(now=519.0) == []
-    assert tasks.dispatch_if_stalled(now=521.0) == [1] and started == ["yes", "yes"]
+    assert supervision.dispatch_if_stalled(now=500.0) == []
+    assert supervision.dispatch_if_stalled(now=519.0) == []
+    assert supervision.dispatch_if_stalled(now=521.0) == [1] and started == ["yes", "yes"]

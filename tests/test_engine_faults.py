@@ -20,6 +20,7 @@ import psutil
 import pytest
 
 # The same private servers and simulated machines as the two-machine tests.
+from tests.conftest import host_pids
 from tests.test_two_machines import (  # noqa: F401 - fixtures
     Machine,
     Site,
@@ -35,14 +36,17 @@ pytestmark = pytest.mark.multihost
 OUTAGE_SECONDS = 30
 
 
-def running_agents(site: Site) -> dict[int, int]:
-    """Run id -> agent pid, from the agents' own start markers."""
+def running_agents(site: Site) -> dict[int, int | None]:
+    """Run id -> the pid of its agent as this machine numbers it (None once it ended), for
+    every agent that marked its start (it writes the pid its sandbox's namespace gives it)."""
     if not site.marker.exists():
         return {}
-    return {
-        int(run): int(pid)
-        for run, pid in (line.split() for line in site.marker.read_text().splitlines())
-    }
+    found: dict[int, int | None] = {}
+    for line in site.marker.read_text().splitlines():
+        run = int(line.split()[0])
+        pids = host_pids("REPLAYS_RUN_ID", str(run), running="mark_and_sleep")
+        found[run] = pids[0] if pids else None
+    return found
 
 
 def alive(pid: int | None) -> bool:

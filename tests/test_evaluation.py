@@ -24,7 +24,7 @@ import pytest
 from django.contrib.auth.models import User
 from rest_framework.test import APIClient
 
-from replays import approval, dispatch, planning
+from replays import approval, dispatch, planning, supervision
 from replays.models import (
     Batch,
     FailureCode,
@@ -139,7 +139,7 @@ def finish_batch(batch: Batch, seconds: float = 90) -> list[Run]:
     """Dispatch until every run of the batch ended; its runs by model."""
 
     def ended() -> bool:
-        dispatch.dispatch_runs()
+        supervision.dispatch_runs()
         return batch.finished
 
     wait_until(ended, seconds=seconds, what=f"batch {batch.pk} to finish")
@@ -354,7 +354,7 @@ def test_the_review_is_derived_once_for_many_runs_of_many_plans_at_once(lab: Eva
         first = lab.approve(["historical", "empty"], evaluator="tests", verify_command=VERIFY)
         second = lab.approve(["historical", "empty"], evaluator="tests", verify_command=VERIFY,
                              timeout_seconds=600)  # fmt: skip
-        started = dispatch.dispatch_runs()
+        started = supervision.dispatch_runs()
         assert len(started) == 4  # four coordinators need the review at the same moment
         runs = finish_batch(first) + finish_batch(second)
     finally:
@@ -517,7 +517,7 @@ def test_a_coordinator_lost_while_reviewing_fails_the_run_and_keeps_its_diff(
     batch = lab.approve(["historical"], evaluator="tests", verify_command=VERIFY)
     monkeypatch.setenv("REPLAYS_TEST_PAUSE_AT", "judgment_started")
     monkeypatch.setenv("REPLAYS_TEST_PAUSE_FILE", str(lab.pause_file))
-    dispatch.dispatch_runs()
+    supervision.dispatch_runs()
     pid = lab.paused_pid("judgment_started", seconds=60)
     run = batch.runs.get()
     assert run.phase == RunPhase.REVIEWING and run.diff and run.tree_tests  # stored first
@@ -535,7 +535,7 @@ def test_cancel_while_the_runs_tree_is_tested_stops_the_tests_and_keeps_the_resu
 ) -> None:
     batch = lab.approve(["historical"], evaluator="tests", verify_command=VERIFY)
     monkeypatch.setenv("VERIFY_SLEEP", "60")
-    dispatch.dispatch_runs()
+    supervision.dispatch_runs()
     run = batch.runs.get()
     wait_until(lambda: lab.verify_calls(), seconds=60, what="the verify command to start")
     verify_pid = host_pids("VERIFY_CALLS", str(lab.calls), running="verify.py")[0]

@@ -20,7 +20,7 @@ from django.contrib.auth.models import User
 from django.db import connection
 
 from replays.models import Thread
-from tests.faults import ROUND, FaultLab, InvariantBroken, agents_config
+from tests.faults import MARKS, ROUND, FaultLab, InvariantBroken, agents_config
 
 pytestmark = pytest.mark.faults
 
@@ -50,6 +50,7 @@ def fault_lab(
     sample_repo: Path,
 ) -> Any:
     agents = agents_config(tmp_path)
+    (tmp_path / MARKS).mkdir()
     agents_file = tmp_path / "agents.json"
     agents_file.write_text(json.dumps(agents))
     values = {
@@ -61,6 +62,7 @@ def fault_lab(
         "REPLAYS_HEARTBEAT_STALE_SECONDS": "6",
         "REPLAYS_LAUNCH_GRACE_SECONDS": "10",
         "REPLAYS_TEST_PAUSE_AT": "",
+        "REPLAYS_TEST_SANDBOX_WRITABLE": str(tmp_path / MARKS),
     }
     redis_url = redis_url_for_this_pass()
     if redis_url:
@@ -83,6 +85,7 @@ def fault_lab(
     settings.REPLAYS_HEARTBEAT_SECONDS = 0.5
     settings.REPLAYS_HEARTBEAT_STALE_SECONDS = 6.0
     settings.REPLAYS_LAUNCH_GRACE_SECONDS = 10.0
+    settings.REPLAYS_TEST_SANDBOX_WRITABLE = [tmp_path / MARKS]
     thread = real_threads["claude-line-count"]
     lab = FaultLab(
         env=env,

@@ -63,7 +63,7 @@ def test_two_ranges_of_one_thread_with_the_same_commits_and_diff_get_their_own_r
     """Their checks are written for their own requests: sharing one review would judge
     the second range against the first one's checks."""
     repo, run = graph
-    first = ReviewKey.for_run_configuration(run.configuration, "tests")
+    first = ReviewKey.for_spec(run.spec, "tests")
     other = dataclasses.replace(first, start_message_uuid="uuid-b", end_message_uuid="uuid-c")
     one, two = review_for(first, repo, "request one"), review_for(other, repo, "request two")
     assert one.pk != two.pk and Review.objects.count() == 2
@@ -82,7 +82,7 @@ def test_another_verify_command_or_test_paths_never_reuse_a_review(
     graph: tuple[Path, Run], change: dict[str, Any]
 ) -> None:
     repo, run = graph
-    first = ReviewKey.for_run_configuration(run.configuration, "tests")
+    first = ReviewKey.for_spec(run.spec, "tests")
     one = review_for(first, repo, "request")
     two = review_for(dataclasses.replace(first, **change), repo, "request")
     assert one.pk != two.pk

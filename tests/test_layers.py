@@ -1,8 +1,11 @@
 """Imports point down (docs/design.md): the ground never imports the models, services or
-doors; services never import a door; evaluation never imports the protocol above it;
-doors never import each other; and no two modules import each other in a circle.
-Read from the source (imports inside functions included), so a new module is checked
-as soon as it exists."""
+doors; services never import a door; no room of the protocol (planning -> approval ->
+dispatch -> supervision -> coordinator -> evaluation) imports one above it; doors never
+import each other; and nothing closes a circle. Read from the source (imports inside
+functions included), with a process started by a management command's name counted as an
+import of that command (dispatch once started the coordinator by name while the
+coordinator imported dispatch: a circle no import showed), so a new module is checked as
+soon as it exists."""
 
 from __future__ import annotations
 
@@ -14,14 +17,21 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "replays"
 
 GROUND = {"transcripts", "pricing", "repos", "processes", "runfolder", "statistics", "formatting",
-          "diffview", "access", "sandbox"}  # fmt: skip
-SERVICES = {"importing", "planning", "approval", "dispatch", "coordinator", "agents", "evaluation",
-            "context", "hosts", "doctor", "runlogs", "accounts"}  # fmt: skip
+          "diffview", "access", "sandbox", "runspec"}  # fmt: skip
+SERVICES = {"importing", "planning", "approval", "dispatch", "supervision", "coordinator", "agents",
+            "evaluation", "context", "hosts", "doctor", "runlogs", "accounts", "wakeups"}  # fmt: skip
+# The protocol, in order (planning -> approval -> dispatch -> supervision -> coordinator ->
+# evaluation): a room that is started by, or hands results to, another never imports it.
+PROTOCOL_ABOVE = {
+    "dispatch": {"planning", "approval", "supervision"},
+    "supervision": {"planning", "approval"},
+    "coordinator": {"planning", "approval", "dispatch", "supervision"},
+    "evaluation": {"planning", "approval", "dispatch", "supervision", "coordinator"},
+}
 DOORS = {"api", "views", "forms", "admin", "management", "tasks", "templatetags"}
 # Wiring, not doors: routes lead to the views, the body-size middleware answers in the API's
 # one error shape.
 WIRING = {"urls", "middleware", "apps"}
-PROTOCOL_ABOVE_EVALUATION = {"planning", "approval", "dispatch", "coordinator"}
 
 
 def room(module: str) -> str:
@@ -41,11 +51,44 @@ def modules() -> dict[str, Path]:
     return found
 
 
+COMMANDS = "replays.management.commands."
+
+
+def started_commands(tree: ast.AST) -> set[str]:
+    """Management commands this file starts by name: the first argument of
+    `manage_command(...)` or `call_command(...)`, or a constant `..._COMMAND = "name"`."""
+    known = {path.stem for path in (PACKAGE / "management" / "commands").glob("*.py")}
+    names = set()
+    for node in ast.walk(tree):
+        value = None
+        if isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
+            called = (
+                node.func.attr
+                if isinstance(node.func, ast.Attribute)
+                else getattr(node.func, "id", "")
+            )
+            if called in ("manage_command", "call_command"):
+                value = node.args[0].value
+        elif isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant):
+            if any(isinstance(t, ast.Name) and t.id.endswith("_COMMAND") for t in node.targets):
+                value = node.value.value
+        if isinstance(value, str) and value in known:
+            names.add(COMMANDS + value)
+    return names
+
+
 def imported(path: Path, module: str) -> set[str]:
-    """Every `replays...` module this file imports, wherever the import statement is."""
+    """Every `replays...` module this file imports, wherever the import statement is, and
+    the commands it starts by name."""
     names: set[str] = set()
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    if not module.startswith(COMMANDS):
+        # A process started by a command's name runs what the command imports.
+        for command in started_commands(tree):
+            names |= {name for name in imported(modules()[command], command) if
+                      not name.startswith("replays.management")}  # fmt: skip
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             names |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom):
@@ -72,8 +115,8 @@ def test_imports_point_down(module: str) -> None:
         assert not targets & (SERVICES | DOORS), (module, GRAPH[module])
     if here in SERVICES:
         assert not targets & DOORS, (module, GRAPH[module])
-    if here == "evaluation":
-        assert not targets & PROTOCOL_ABOVE_EVALUATION, (module, GRAPH[module])
+    if here in PROTOCOL_ABOVE:
+        assert not targets & PROTOCOL_ABOVE[here], (module, GRAPH[module])
     if here in DOORS:
         assert not targets & (DOORS - {"forms"}), (module, GRAPH[module])
 
@@ -85,4 +128,22 @@ def test_no_two_rooms_import_each_other() -> None:
     circles = sorted(
         (a, b) for a, edges in rooms.items() for b in edges if a < b and a in rooms.get(b, set())
     )
+    assert circles == []
+
+
+def test_no_module_closes_a_circle() -> None:
+    """No chain of imports (or of commands started by name) leads back to where it began."""
+    circles = []
+    for start in sorted(GRAPH):
+        seen, stack = set(), [(start, (start,))]
+        while stack:
+            module, path = stack.pop()
+            for target in GRAPH.get(module, ()):
+                if module.startswith(target + "."):
+                    continue  # a package's own module importing the package: not a circle
+                if target == start:
+                    circles.append(" -> ".join((*path, start)))
+                elif target not in seen:
+                    seen.add(target)
+                    stack.append((target, (*path, target)))
     assert circles == []

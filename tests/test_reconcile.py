@@ -20,7 +20,7 @@ from django.contrib.auth.models import User
 from django.core.management import call_command
 from django.utils import timezone
 
-from replays import dispatch, processes, runlogs, tasks
+from replays import dispatch, processes, runlogs, supervision, tasks
 from replays.models import (
     FailureCode,
     LaunchError,
@@ -130,7 +130,7 @@ def test_a_launching_run_whose_launcher_died_before_spawning_fails_once(
     # Again and again: nothing more happens, nothing is relaunched.
     for _ in range(3):
         assert dispatch.reconcile_runs().launch_failed == 0
-    assert dispatch.dispatch_runs() == []
+    assert supervision.dispatch_runs() == []
     assert LaunchError.objects.count() == 1
     assert Run.objects.get(pk=run.pk).status == RunStatus.FAILED
 

@@ -13,7 +13,7 @@ import pytest
 from django.contrib.auth.models import User
 from rest_framework.test import APIClient
 
-from replays import dispatch, runlogs
+from replays import runlogs, supervision
 from replays.models import Run, RunLog, RunStatus
 from tests.test_dispatch import Lab, finished, make_lab, wait_until
 
@@ -37,7 +37,7 @@ def chatty(
 
 def ended_run(lab: Lab, user: User) -> Run:
     _, [run] = lab.batch(user, ["chatty:m1"])
-    dispatch.dispatch_runs()
+    supervision.dispatch_runs()
     wait_until(lambda: finished(run), seconds=60, what="the run to end")
     run.refresh_from_db()
     assert run.status == RunStatus.COMPLETED, run.failure_message

@@ -30,6 +30,7 @@ from replays.agents.base import RunContext
 from replays.agents.codex import CodexAgent
 from replays.agents.problems import SetupKind, SetupProblem
 from replays.models import FailureCode, PlanStatus, Run, RunStatus
+from replays.runspec import RunSpec
 from tests.conftest import NODE_BIN, require_tool
 from tests.fakes.openai_server import OpenAIServer
 from tests.fakes.scripting import Text, shell
@@ -438,7 +439,7 @@ def test_codex_whose_commands_all_fail_in_its_sandbox_is_a_setup_failure_not_a_r
         workspace = run_dir / "workspace"
         workspace.mkdir(parents=True)
         (run_dir / "request.md").write_text("Make a file.")
-        context = RunContext(run_id=1, model="gpt-5.5", configuration={}, run_dir=run_dir,
+        context = RunContext(run_id=1, model="gpt-5.5", spec=RunSpec(), run_dir=run_dir,
                              workspace=workspace, request_file=run_dir / "request.md",
                              log_path=run_dir / "agent.log")  # fmt: skip
         with OpenAIServer([shell("echo made > made.txt"), Text("Done.")]) as server:

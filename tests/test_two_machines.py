@@ -26,6 +26,7 @@ from typing import Any
 import psutil
 import pytest
 
+from tests.conftest import host_pids
 from tests.engines import Engines, private_engines, skip_on_the_shared_postgres_pass
 from tests.run_factories import make_git_repo
 from tests.test_dispatch import wait_until
@@ -43,14 +44,14 @@ MACHINE_TAG = "TESTS_SIMULATED_MACHINE"
 CREATE_BATCH = """
 import json, os
 from django.contrib.auth.models import User
-from replays import dispatch
+from replays import wakeups
 from tests.run_factories import make_run_graph
 spec = json.loads(os.environ["BATCH"])
 owner, _ = User.objects.get_or_create(username="alice")
 batch, runs = make_run_graph(owner=owner, repo=__import__("pathlib").Path(spec["repo"]),
                              baseline=spec["baseline"], ending=spec["ending"],
                              models=spec["models"], timeout_seconds=120)
-dispatch.request_dispatch()
+wakeups.request_dispatch()
 print(json.dumps([run.pk for run in runs]))
 """
 RECONCILE = "from django_q.tasks import async_task; async_task('replays.tasks.reconcile_runs_task')"
@@ -238,7 +239,9 @@ def naps(milliseconds: int, count: int) -> list[str]:
 
 @pytest.fixture(name="site")
 def site_fixture(engines: Engines, tmp_path: Path) -> Iterator[Site]:
-    marker = tmp_path / "starts.txt"
+    # The agents' start marks, in a folder their sandboxes may write (and nothing else here).
+    (tmp_path / "marks").mkdir()
+    marker = tmp_path / "marks" / "starts.txt"
     # One batch has each model once: s1000, s1001, ... all sleep about a second.
     starts = (300, 1000, 3000, 12000, 20000, 40000, 60000)
     models = [f"s{ms}" for start in starts for ms in range(start, start + 20)]
@@ -263,6 +266,7 @@ def site_fixture(engines: Engines, tmp_path: Path) -> Iterator[Site]:
         "REPLAYS_HEARTBEAT_STALE_SECONDS": str(STALE_SECONDS),
         "REPLAYS_LAUNCH_GRACE_SECONDS": "10",
         "REPLAYS_TEST_PAUSE_AT": "",
+        "REPLAYS_TEST_SANDBOX_WRITABLE": str(tmp_path / "marks"),
         "PYTHONUNBUFFERED": "1",
     }
     yield Site(engines=engines, root=tmp_path, marker=marker, repo=repo, baseline=baseline,
@@ -364,7 +368,7 @@ def test_a_cancel_from_one_machine_reaches_a_run_on_the_other_within_a_heartbeat
     beta.start()
     [run_id] = site.batch(naps(60000, 1))
     wait_until(lambda: site.starts()[run_id] == 1, seconds=40, what="the agent on beta")
-    agent_pid = int(site.marker.read_text().split()[1])
+    [agent_pid] = host_pids("REPLAYS_RUN_ID", str(run_id), running="mark_and_sleep")
     assert site.runs([run_id])[run_id]["host"] == "beta"
 
     # The web machine (alpha) cancels; it shares nothing with beta but the database.

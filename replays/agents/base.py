@@ -36,6 +36,7 @@ from replays.processes import (
     read_untrusted,
     without_secrets,
 )
+from replays.runspec import RunSpec
 from replays.sandbox import sandbox_failure
 from replays.transcripts.base import MAX_THREAD_COST_USD, MAX_THREAD_TOKENS, TokenUsage
 
@@ -107,7 +108,7 @@ class RunContext:
 
     run_id: int
     model: str  # the model as the agent names it ("gpt-5"); "" for the baselines
-    configuration: Mapping[str, Any]  # the exact approved Run.configuration
+    spec: RunSpec  # the run's exact approved configuration
     run_dir: Path
     workspace: Path
     request_file: Path  # this turn's request
@@ -120,6 +121,9 @@ class RunContext:
     fork: ForkedSession | None = None
     # Where this turn's output starts in the log (earlier turns wrote what comes before).
     log_offset: int = 0
+    # The historical diff, read once by the coordinator and checked against the approved
+    # sha256 (the historical baseline applies it).
+    historical_diff: str = ""
 
 
 @dataclass(frozen=True)
@@ -491,7 +495,7 @@ def judge_context(task: JudgeTask, model: str) -> RunContext:
     return RunContext(
         run_id=0,
         model=model,
-        configuration={},
+        spec=RunSpec(),
         run_dir=task.folder,
         workspace=task.folder,
         request_file=task.prompt_file,

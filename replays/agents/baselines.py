@@ -9,14 +9,11 @@ from __future__ import annotations
 import shutil
 import sys
 from decimal import Decimal
-from pathlib import Path
 from typing import ClassVar
 
-from replays import repos
 from replays.agents.base import (
     Agent,
     AgentOutcome,
-    AgentSetupError,
     Invocation,
     RunContext,
     error_from_log,
@@ -43,13 +40,8 @@ class HistoricalAgent(Agent):
     kind: ClassVar[str] = HISTORICAL
 
     def invocation(self, context: RunContext) -> Invocation:
-        configuration = context.configuration
-        repo = Path(configuration["repository"])
-        diff = repos.historical_diff(
-            repo, configuration["baseline_commit"], configuration["ending_commit"]
-        )
-        if repos.sha256_text(diff) != configuration["historical_result_sha256"]:
-            raise AgentSetupError("The historical result changed since approval.")
+        # Read once by the coordinator and checked against the approved sha256 there.
+        diff = context.historical_diff
         diff_file = context.run_dir / "historical.diff"
         diff_file.write_text(diff, encoding="utf-8")
         if not diff:

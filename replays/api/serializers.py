@@ -5,7 +5,7 @@ from typing import Any
 from django.core.validators import RegexValidator
 from rest_framework import serializers
 
-from replays import planning
+from replays import planning, runspec
 from replays.models import (
     MAX_MODELS_PER_PLAN,
     MAX_THREADS_PER_PLAN,
@@ -425,8 +425,40 @@ class RunSerializer(serializers.Serializer):
     )
 
 
+def _spec_field(annotation: str, doc: str) -> serializers.Field:
+    """A DRF field for one RunSpec field, from its annotation and description."""
+    kinds: dict[str, serializers.Field] = {
+        "int": serializers.IntegerField(help_text=doc),
+        "int | None": serializers.IntegerField(allow_null=True, help_text=doc),
+        "str": serializers.CharField(allow_blank=True, help_text=doc),
+        "tuple[str, ...]": serializers.ListField(child=serializers.CharField(), help_text=doc),
+        "Mapping[str, Any]": serializers.DictField(help_text=doc),
+    }
+    return kinds[annotation]
+
+
+class _SpecAsStored(serializers.Serializer):
+    def to_representation(self, instance: runspec.RunSpec) -> dict[str, Any]:
+        return instance.as_json()  # as stored and written into the run's folder
+
+
+# The approved configuration as the API gives it, described from RunSpec itself.
+RunSpecSerializer = type(
+    "RunSpecSerializer",
+    (_SpecAsStored,),
+    {
+        "__doc__": "The exact configuration the member was approved with (replays.runspec).",
+        **{name: _spec_field(str(kind), doc) for name, kind, doc in runspec.documented_fields()},
+        # Stored as null when the plan has no verify command.
+        "verify_command": serializers.CharField(allow_null=True, allow_blank=True),
+    },
+)
+
+
 class RunDetailSerializer(RunSerializer):
-    configuration = serializers.JSONField()
+    configuration = RunSpecSerializer(
+        source="spec", help_text="The exact configuration the member was approved with."
+    )
     log_tail = serializers.CharField()
     tree_tests = serializers.JSONField(
         allow_null=True, help_text="The verify command's outcome on the run's tree."

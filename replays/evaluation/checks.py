@@ -30,8 +30,8 @@ import defusedxml
 import defusedxml.ElementTree
 
 from replays import processes, repos, sandbox
+from replays.runspec import DEFAULT_TEST_PATHS  # noqa: F401 - the default lives with the spec
 
-DEFAULT_TEST_PATHS = ("test_*.py", "*_test.py", "tests/**", "*.test.*", "*_spec.*")
 # The whole verify command counts as one test when it writes no per-test results.
 VERIFY_COMMAND_TEST = "(verify command)"
 # Where the command may write JUnit XML: this variable, or {junit_xml} in its argv.

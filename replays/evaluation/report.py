@@ -10,8 +10,9 @@ process is gone `lost`. Problems of the review or the evaluator are data (a
 `review_failed` report with the reason), never an exception for the caller;
 only the caller's own tick (cancel, a lost claim) stops a judgment.
 
-The report's JSON document is versioned (SCHEMA_VERSION) and described in
-docs/reports.md.
+What the report stores is built by replays.evaluation.document (versioned, described in
+docs/reports.md); the run's own tree tests by replays.evaluation.treetests; reads over
+stored reports (consistency rates, a report in brief) are in replays.evaluation.results.
 """
 
 from __future__ import annotations
@@ -28,20 +29,11 @@ from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import Count, Q
 from django.utils import timezone
 
-from replays import processes, repos, runfolder, statistics
-from replays.context import COLD, HISTORICAL_CONTEXT
-from replays.evaluation import checks, evaluators, judge
-from replays.evaluation.review import (
-    PROMPT_VERSION,
-    ReviewInputs,
-    ReviewKey,
-    obtain_review,
-    tree_tests_at,
-    verify_tree,
-)
+from replays import processes, repos, runfolder
+from replays.evaluation import checks, document, evaluators, judge, treetests
+from replays.evaluation.review import PROMPT_VERSION, ReviewInputs, ReviewKey, obtain_review
 from replays.models import (
     Report,
     ReportStatus,
@@ -49,16 +41,10 @@ from replays.models import (
     ReviewStatus,
     Run,
     RunStatus,
-    Turn,
 )
 from replays.processes import ProcessIdentity
 
 logger = logging.getLogger(__name__)
-
-SCHEMA_VERSION = 1
-CONTEXT_COLD = COLD
-# The note the coordinator appends to a diff it had to cut (see coordinator._collect_diff).
-CUT_DIFF_NOTE = "[replays] The diff is larger than"
 
 Tick = Callable[[], None]
 
@@ -101,7 +87,7 @@ def start_judgment(
                 status=ReportStatus.JUDGING,
                 evaluator=evaluator,
                 prompt_version=PROMPT_VERSION,
-                context=str(run.configuration.get("context") or CONTEXT_COLD),
+                context=run.spec.context,
                 requested_by=requested_by,
                 host=settings.REPLAYS_HOST_NAME if holder else "",
                 pid=holder.pid if holder else None,
@@ -194,15 +180,23 @@ def mark_lost(*, report_id: int, reason: str, only_if: dict[str, Any] | None = N
 # --- judging ----------------------------------------------------------------------------------
 
 
-def judge_report(*, report_id: int, requested_at: datetime, tick: Tick | None = None) -> Report:
+def judge_report(
+    *,
+    report_id: int,
+    requested_at: datetime,
+    tick: Tick | None = None,
+    historical_diff: str | None = None,
+) -> Report:
     """Do the judgment this process holds and store it. Raises only what `tick` raises
-    (the judgment is then marked lost with that reason) and JudgmentGone."""
+    (the judgment is then marked lost with that reason) and JudgmentGone. The caller that
+    already read the historical diff (the run's coordinator, checked against the approved
+    sha256) hands it on; otherwise it is read here, once."""
     processes.pause_point("judgment_started")
     report = Report.objects.select_related("run__thread", "run__batch").get(pk=report_id)
     beat = _holding(report, tick or (lambda: None))
     started = time.monotonic()
     try:
-        values = _judge(report, requested_at, beat)
+        values = _judge(report, requested_at, beat, historical_diff)
     except JudgmentGone:
         raise
     except processes.StopRequested as exc:
@@ -210,8 +204,10 @@ def judge_report(*, report_id: int, requested_at: datetime, tick: Tick | None = 
         raise
     except Exception as exc:  # noqa: BLE001 - a fault of ours is recorded, never a failed run
         logger.error("Report %s: the judgment failed:\n%s", report.pk, traceback.format_exc())
-        values = _review_failed({"schema": SCHEMA_VERSION, "run": report.run_id},
-                                f"The judgment failed: {exc}")  # fmt: skip
+        values = document.review_failed(
+            {"schema": document.SCHEMA_VERSION, "run": report.run_id},
+            f"The judgment failed: {exc}",
+        )
     except BaseException as exc:
         mark_lost(report_id=report.pk, reason=_stop_reason(exc), only_if=_held_by(report))
         raise
@@ -248,57 +244,76 @@ def _holding(report: Report, tick: Tick) -> Tick:
     )
 
 
-def _judge(report: Report, requested_at: datetime, beat: Tick) -> dict[str, Any]:
+def _judge(
+    report: Report, requested_at: datetime, beat: Tick, historical_diff: str | None
+) -> dict[str, Any]:
     """The fields of the finished report: judged, or review_failed with the reason."""
     run = report.run
-    base = _base_document(run, report)
+    base = document.base_document(run, report)
     if not report.evaluator:
-        return _review_failed(base, "This batch names no evaluator, so its runs are not judged.")
+        return document.review_failed(
+            base, "This batch names no evaluator, so its runs are not judged."
+        )
     try:
         info = evaluators.resolve_evaluator(report.evaluator)
         if not info.available:
-            return _review_failed(
+            return document.review_failed(
                 base, f"The evaluator {info.id} is not available here: {info.reason}"
             )
-        configuration = run.configuration
-        historical_diff = repos.historical_diff(
-            Path(configuration["repository"]),
-            configuration["baseline_commit"],
-            configuration["ending_commit"],
-        )
-        base["historical"]["files_changed"] = len(repos.changed_files(historical_diff))
-        replay_tests = replay_tree_tests(run, historical_diff=historical_diff, tick=beat)
-        review = obtain_review(
-            key=ReviewKey.for_run_configuration(run.configuration, report.evaluator),
-            inputs=ReviewInputs(
-                repository=Path(run.configuration["repository"]),
-                request=str(run.configuration.get("request", "")),
-                timeout_seconds=_timeout_seconds(run),
-            ),
-            requested_at=requested_at,
-            tick=beat,
-        )
-        base["review"] = _review_summary(review)
-        if review.status != ReviewStatus.READY:
-            # What the verify command said on each tree is the cause a user looks for.
-            base["tests"] = _tests_document(review, replay_tests, {})
-            return {**_review_failed(base, review.error), "review": review}
-        kept_broken = judge.replay_tests(review.tests, replay_tests)
-        base["tests"] = _tests_document(review, replay_tests, kept_broken)
-        if info.is_tests:
-            decision = judge.judge_with_tests(review.checks, kept_broken)
-        else:
-            decision = _judge_with_model(
-                info, run, review, historical_diff, replay_tests, kept_broken, report, beat
+        spec = run.spec
+        if historical_diff is None:
+            historical_diff = repos.approved_historical_diff(
+                Path(spec.repository),
+                spec.baseline_commit,
+                spec.ending_commit,
+                spec.historical_result_sha256,
             )
-    except evaluators.UnknownEvaluator as exc:
-        return _review_failed(base, str(exc))
-    except judge.VerdictUnreadable as exc:
-        return _review_failed(base, str(exc))
+        base["historical"]["files_changed"] = len(repos.changed_files(historical_diff))
+        return _review_and_decide(report, info, base, historical_diff, requested_at, beat)
+    except (evaluators.UnknownEvaluator, judge.VerdictUnreadable) as exc:
+        return document.review_failed(base, str(exc))
     except (repos.GitError, OSError, ValueError, KeyError) as exc:
         logger.warning("Report %s: the review failed:\n%s", report.pk, traceback.format_exc())
-        return _review_failed(base, f"The review failed: {exc}")
-    return _judged(base, decision, review)
+        return document.review_failed(base, f"The review failed: {exc}")
+
+
+def _review_and_decide(
+    report: Report,
+    info: evaluators.EvaluatorInfo,
+    base: dict[str, Any],
+    historical_diff: str,
+    requested_at: datetime,
+    beat: Tick,
+) -> dict[str, Any]:
+    """The replay's tests, the shared review, then the evaluator's decision."""
+    run = report.run
+    spec = run.spec
+    replay_tests = treetests.replay_tree_tests(run, historical_diff=historical_diff, tick=beat)
+    review = obtain_review(
+        key=ReviewKey.for_spec(spec, report.evaluator),
+        inputs=ReviewInputs(
+            repository=Path(spec.repository),
+            request=spec.request,
+            timeout_seconds=spec.timeout(),
+            historical_diff=historical_diff,
+        ),
+        requested_at=requested_at,
+        tick=beat,
+    )
+    base["review"] = document.review_summary(review)
+    if review.status != ReviewStatus.READY:
+        # What the verify command said on each tree is the cause a user looks for.
+        base["tests"] = document.tests_document(review, replay_tests, {})
+        return {**document.review_failed(base, review.error), "review": review}
+    kept_broken = judge.replay_tests(review.tests, replay_tests)
+    base["tests"] = document.tests_document(review, replay_tests, kept_broken)
+    if info.is_tests:
+        decision = judge.judge_with_tests(review.checks, kept_broken)
+    else:
+        decision = _judge_with_model(
+            info, run, review, historical_diff, replay_tests, kept_broken, report, beat
+        )
+    return document.judged(base, decision, review)
 
 
 def _judge_with_model(
@@ -311,13 +326,12 @@ def _judge_with_model(
     report: Report,
     beat: Tick,
 ) -> judge.Judgment:
-    configuration = run.configuration
     historical_tests = (
         checks.TreeTests.from_dict(review.tests["historical"]) if review.tests else None
     )
     return judge.judge_with_model(
         info,
-        request=str(configuration.get("request", "")),
+        request=run.spec.request,
         review_checks=review.checks,
         historical=judge.Candidate(judge.HISTORICAL, historical_diff, historical_tests),
         replay=judge.Candidate(judge.REPLAY, run.diff, replay_tests),
@@ -328,233 +342,33 @@ def _judge_with_model(
     )
 
 
-def replay_tree_tests(run: Run, *, historical_diff: str, tick: Tick) -> checks.TreeTests | None:
-    """The verify command's outcome on the run's tree: as stored by its coordinator, else
-    rebuilt from the baseline and the stored diff (and then stored); None without a
-    verify command."""
-    configuration = run.configuration
-    command = configuration.get("verify_command")
-    if not command:
-        return None
-    if run.tree_tests:
-        return checks.TreeTests.from_dict(run.tree_tests)
-    if CUT_DIFF_NOTE in run.diff:
-        tests = checks.TreeTests(
-            outcome="error",
-            message="The run's diff was stored cut, so its tree cannot be rebuilt for the tests.",
-        )
-    else:
-        tests = tree_tests_at(
-            repository=Path(configuration["repository"]),
-            commit=configuration["baseline_commit"],
-            ending=configuration["ending_commit"],
-            test_files=_test_files(run, historical_diff),
-            command=command,
-            timeout_seconds=_timeout_seconds(run),
-            folder=runfolder.run_folder(run.pk) / runfolder.CHECKS_DIR,
-            tick=tick,
-            diff=run.diff,
-        )
-    Run.objects.filter(pk=run.pk, tree_tests__isnull=True).update(tree_tests=tests.as_dict())
-    return tests
 
 
-def verify_run_tree(
-    run: Run, *, tree: Path, historical_diff: str, tick: Tick
-) -> checks.TreeTests | None:
-    """The verify command on a run's own worktree, before it is removed (the coordinator);
-    None without a verify command."""
-    configuration = run.configuration
-    command = configuration.get("verify_command")
-    if not command:
-        return None
-    return verify_tree(
-        tree=tree,
-        repository=Path(configuration["repository"]),
-        ending=configuration["ending_commit"],
-        test_files=_test_files(run, historical_diff),
-        command=command,
-        timeout_seconds=_timeout_seconds(run),
-        folder=runfolder.run_folder(run.pk) / runfolder.CHECKS_DIR,
-        tick=tick,
-    )
 
 
-def _test_files(run: Run, historical_diff: str) -> list[str]:
-    paths = run.configuration.get("test_paths")
-    return checks.historical_test_files(
-        historical_diff, paths if paths is not None else checks.DEFAULT_TEST_PATHS
-    )
 
 
-def _timeout_seconds(run: Run) -> float:
-    value = run.configuration.get("timeout_seconds")
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
-        return float(value)
-    return float(settings.REPLAYS_DEFAULT_TIMEOUT_SECONDS)
 
 
 # --- the document -----------------------------------------------------------------------------
 
 
-def _base_document(run: Run, report: Report) -> dict[str, Any]:
-    return {
-        "schema": SCHEMA_VERSION,
-        "run": run.pk,
-        "evaluator": {"id": report.evaluator},
-        "prompt_version": report.prompt_version,
-        "context": report.context,
-        "historical": historical_side(run),
-        "replay": replay_side(run),
-        "tests": None,
-        "review": None,
-    }
 
 
-def historical_side(run: Run) -> dict[str, Any]:
-    """Cost, time and tokens the historical agent spent on the range, from its turns."""
-    configuration = run.configuration
-    turns = list(run.thread.turns.order_by("index"))
-    indexes = {turn.message_uuid: turn.index for turn in turns}
-    first = indexes.get(configuration.get("start_message_uuid"))
-    last = indexes.get(configuration.get("end_message_uuid"))
-    selected: list[Turn] = (
-        [turn for turn in turns if first <= turn.index <= last]
-        if first is not None and last is not None
-        else []
-    )
-    costs = [turn.cost_usd for turn in selected]
-    return {
-        "turns": len(selected),
-        "cost_usd": None if not selected or None in costs else _money(sum(costs, Decimal(0))),
-        "seconds": _sum_or_none([turn.seconds for turn in selected]),
-        "model_seconds": _sum_or_none([turn.model_seconds for turn in selected]),
-        "tokens": {
-            name: sum(getattr(turn, name) for turn in selected)
-            for name in (
-                "input_tokens",
-                "output_tokens",
-                "cache_read_tokens",
-                "cache_write_5m_tokens",
-                "cache_write_1h_tokens",
-            )
-        },  # fmt: skip
-        "files_changed": None,  # filled from the historical diff when it is read
-        # What the historical agent knew: its own session, every earlier request in full.
-        "context": HISTORICAL_CONTEXT,
-        # A tree rebuilt from the transcript's edits stood in for a missing commit:
-        # {"ending"?: {commit, base, files, edits, unsure, repository}, "baseline"?: ...}.
-        "rebuilt": configuration.get("rebuilt") or None,
-    }
 
 
-def replay_side(run: Run) -> dict[str, Any]:
-    return {
-        "model": run.model,
-        "cost_usd": _money(run.cost_usd),
-        "seconds": run.wall_seconds,
-        "model_seconds": run.model_seconds,
-        "tokens": run.tokens,
-        "files_changed": run.files_changed,
-        # What the replay knew before the request (cold, digest, fork), and in how many
-        # turns it got the range's requests.
-        "context": str(run.configuration.get("context") or CONTEXT_COLD),
-        "turns": len(run.turns) or 1,
-    }
 
 
-def _review_summary(review: Review) -> dict[str, Any]:
-    return {
-        "id": review.pk,
-        "status": review.status,
-        "checks": len(review.checks),
-        "cost_usd": _money(review.cost_usd),
-        "seconds": review.seconds,
-    }
 
 
-def tests_document_of(report: Report) -> dict[str, Any] | None:
-    """The tests part of a report that was stored without one (a review that failed before
-    this was kept): from its review and the run's own tree, as far as they were run."""
-    review = report.review
-    if review is None or not review.tests:
-        return None
-    tree = report.run.tree_tests
-    replay_tests = checks.TreeTests.from_dict(tree) if isinstance(tree, dict) else None
-    return _tests_document(review, replay_tests, {})
 
 
-def _tests_document(
-    review: Review, replay_tests: checks.TreeTests | None, kept_broken: dict[str, Any]
-) -> dict[str, Any] | None:
-    tests = review.tests
-    if not tests:
-        return None
-    sets = checks.TestSets.from_dict(tests["sets"])
-    return {
-        "verify_command": tests["verify_command"],
-        "test_files": tests["test_files"],
-        "usable": sets.usable,
-        "reason": sets.reason,
-        "fail_to_pass": sets.fail_to_pass,
-        "pass_to_pass": sets.pass_to_pass,
-        "kept": kept_broken.get("kept", []),
-        "broken": kept_broken.get("broken", []),
-        "baseline": _tree_summary(tests.get("baseline")),
-        "historical": _tree_summary(tests.get("historical")),
-        "replay": _tree_summary(replay_tests.as_dict() if replay_tests else None),
-    }
 
 
-def _tree_summary(tree: dict[str, Any] | None) -> dict[str, Any] | None:
-    if tree is None:
-        return None
-    return {key: tree.get(key) for key in ("outcome", "exit_code", "seconds", "message",
-                                            "output_tail", "tests")}  # fmt: skip
 
 
-def _review_failed(base: dict[str, Any], reason: str) -> dict[str, Any]:
-    reason = reason.strip() or "The review failed without a reason."
-    document = {**base, "status": ReportStatus.REVIEW_FAILED, "winner": None, "reason": reason}
-    return {"status": ReportStatus.REVIEW_FAILED, "reason": reason, "data": document}
 
 
-def _judged(base: dict[str, Any], decision: judge.Judgment, review: Review) -> dict[str, Any]:
-    verdicts = decision.verdicts
-    document = {
-        **base,
-        "status": ReportStatus.JUDGED,
-        "winner": decision.winner,
-        "consistent": decision.consistent,
-        "scores": decision.scores,
-        "evaluator_scores": decision.evaluator_scores,
-        "test_scores": decision.test_scores,
-        "tests_override": decision.tests_override,
-        "mapping": (
-            {"first_order": verdicts[0].labels, "second_order": verdicts[1].labels}
-            if verdicts
-            else None
-        ),
-        "checks": decision.checks,
-        "verdicts": [verdict.as_dict() for verdict in verdicts],
-    }
-    document["evaluator"] = {
-        **base["evaluator"],
-        "cost_usd": _money(decision.cost_usd),
-        "seconds": decision.seconds,
-        "tokens": decision.usage.as_dict(),
-        "review_cost_usd": _money(review.cost_usd),
-    }
-    return {
-        "status": ReportStatus.JUDGED,
-        "winner": decision.winner,
-        "score_historical": decision.scores[judge.HISTORICAL],
-        "score_replay": decision.scores[judge.REPLAY],
-        "consistent": decision.consistent,
-        "evaluator_cost_usd": decision.cost_usd,
-        "review": review,
-        "data": document,
-    }
 
 
 def _finish(report: Report, values: dict[str, Any]) -> bool:
@@ -573,47 +387,12 @@ def _finish(report: Report, values: dict[str, Any]) -> bool:
     return written == 1
 
 
-def _money(value: Decimal | None) -> float | None:
-    return None if value is None else float(round(value, 6))
 
 
-def _sum_or_none(values: list[float | None]) -> float | None:
-    if not values or any(value is None for value in values):
-        return None
-    return round(sum(value for value in values if value is not None), 3)
 
 
 # --- reading the stored judgments ---------------------------------------------------------------
 
 
-def consistency_rates() -> list[dict[str, Any]]:
-    """Per evaluator and prompt version: the share of both-order judgments whose two orders
-    agreed, over every stored judged report (current or not), with its Wilson interval."""
-    rows = (
-        Report.objects.filter(status=ReportStatus.JUDGED, consistent__isnull=False)
-        .values("evaluator", "prompt_version")
-        .annotate(n=Count("id"), agreed=Count("id", filter=Q(consistent=True)))
-        .order_by("evaluator", "prompt_version")
-    )
-    rates = []
-    for row in rows:
-        rate = statistics.wilson_interval(row["agreed"], row["n"])
-        rates.append({**row, "rate": rate.value, "rate_low": rate.low, "rate_high": rate.high})
-    return rates
 
 
-def brief(report: Report | None) -> dict[str, Any] | None:
-    """A report in brief, as the commands print it (JSON)."""
-    if report is None:
-        return None
-    return {
-        "id": report.pk,
-        "run": report.run_id,
-        "status": report.status,
-        "winner": report.winner,
-        "score_historical": report.score_historical,
-        "score_replay": report.score_replay,
-        "consistent": report.consistent,
-        "evaluator": report.evaluator,
-        "reason": report.reason,
-    }

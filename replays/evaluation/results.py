@@ -1,8 +1,6 @@
-"""A batch's results, one row per run: what the export gives (CSV or JSON).
-
-A selector: two queries (the runs with their threads, their current reports)
-however many runs the batch has.
-"""
+"""Reads over stored judgments: a batch's results, one row per run (what the export
+gives, CSV or JSON: two queries however many runs the batch has), each evaluator's
+consistency rate, and a report in brief (what the commands print)."""
 
 from __future__ import annotations
 
@@ -10,7 +8,10 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from replays.models import Batch, Report
+from django.db.models import Count, Q
+
+from replays import statistics
+from replays.models import Batch, Report, ReportStatus
 
 
 @dataclass(frozen=True)
@@ -84,3 +85,36 @@ def batch_results(*, batch: Batch) -> list[ResultRow]:
             )
         )
     return rows
+
+
+def consistency_rates() -> list[dict[str, Any]]:
+    """Per evaluator and prompt version: the share of both-order judgments whose two orders
+    agreed, over every stored judged report (current or not), with its Wilson interval."""
+    rows = (
+        Report.objects.filter(status=ReportStatus.JUDGED, consistent__isnull=False)
+        .values("evaluator", "prompt_version")
+        .annotate(n=Count("id"), agreed=Count("id", filter=Q(consistent=True)))
+        .order_by("evaluator", "prompt_version")
+    )
+    rates = []
+    for row in rows:
+        rate = statistics.wilson_interval(row["agreed"], row["n"])
+        rates.append({**row, "rate": rate.value, "rate_low": rate.low, "rate_high": rate.high})
+    return rates
+
+
+def brief(report: Report | None) -> dict[str, Any] | None:
+    """A report in brief, as the commands print it (JSON)."""
+    if report is None:
+        return None
+    return {
+        "id": report.pk,
+        "run": report.run_id,
+        "status": report.status,
+        "winner": report.winner,
+        "score_historical": report.score_historical,
+        "score_replay": report.score_replay,
+        "consistent": report.consistent,
+        "evaluator": report.evaluator,
+        "reason": report.reason,
+    }

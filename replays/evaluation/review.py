@@ -36,6 +36,7 @@ from django.utils import timezone
 from replays import processes, repos, runfolder, sandbox
 from replays.evaluation import checks, evaluators
 from replays.models import Review, ReviewStatus
+from replays.runspec import RunSpec
 
 logger = logging.getLogger(__name__)
 
@@ -81,18 +82,17 @@ class ReviewKey:
     test_paths: tuple[str, ...]
 
     @classmethod
-    def for_run_configuration(cls, configuration: dict[str, Any], evaluator: str) -> ReviewKey:
-        paths = configuration.get("test_paths")
+    def for_spec(cls, spec: RunSpec, evaluator: str) -> ReviewKey:
         return cls(
-            thread_id=int(configuration["thread_id"]),
-            start_message_uuid=str(configuration["start_message_uuid"]),
-            end_message_uuid=str(configuration["end_message_uuid"]),
-            baseline_commit=str(configuration["baseline_commit"]),
-            ending_commit=str(configuration["ending_commit"]),
-            historical_result_sha256=str(configuration["historical_result_sha256"]),
+            thread_id=spec.thread_id,
+            start_message_uuid=spec.start_message_uuid,
+            end_message_uuid=spec.end_message_uuid,
+            baseline_commit=spec.baseline_commit,
+            ending_commit=spec.ending_commit,
+            historical_result_sha256=spec.historical_result_sha256,
             evaluator=evaluator,
-            verify_command=str(configuration.get("verify_command") or ""),
-            test_paths=tuple(paths if paths is not None else checks.DEFAULT_TEST_PATHS),
+            verify_command=spec.verify_command,
+            test_paths=spec.test_paths,
         )
 
     @property
@@ -120,6 +120,8 @@ class ReviewInputs:
     repository: Path
     request: str
     timeout_seconds: float
+    # Read once by the caller (and checked against the key's sha256 here); None: read here.
+    historical_diff: str | None = None
 
 
 def obtain_review(
@@ -238,13 +240,16 @@ def _work(
 ) -> dict[str, Any]:
     """Tests at the baseline and the historical ending, then the checks: the fields to store."""
     repository = inputs.repository
-    try:
-        diff = repos.historical_diff(repository, key.baseline_commit, key.ending_commit)
-    except repos.GitError as exc:
-        raise ReviewFailed(f"The historical result cannot be read: {exc}") from None
+    diff = inputs.historical_diff
+    if diff is None:
+        try:
+            diff = repos.historical_diff(repository, key.baseline_commit, key.ending_commit)
+        except repos.GitError as exc:
+            raise ReviewFailed(f"The historical result cannot be read: {exc}") from None
     if repos.sha256_text(diff) != key.historical_result_sha256:
         raise ReviewFailed("The historical result changed since the plan was approved.")
-    stored = {"historical_diff": storable_diff(diff)}
+    kept = repos.bound_diff(diff, settings.REPLAYS_MAX_DIFF_BYTES)
+    stored = {"historical_diff": kept.text, "historical_diff_cut": kept.cut}
     tests = _historical_tests(key, inputs, diff, folder, beat)
     info = _evaluator(key.evaluator)
     if info.is_tests:
@@ -482,14 +487,6 @@ def checks_prompt(*, request: str, diff: str, tests: dict[str, Any]) -> str:
         tests=describe_reference_tests(tests),
         max_checks=MAX_CHECKS,
     )
-
-
-def storable_diff(diff: str) -> str:
-    """A diff as a row keeps it: cut beyond REPLAYS_MAX_DIFF_BYTES, with a note saying so."""
-    limit = settings.REPLAYS_MAX_DIFF_BYTES
-    if len(diff.encode("utf-8", errors="surrogateescape")) <= limit:
-        return diff.encode("utf-8", errors="surrogateescape").decode("utf-8", errors="replace")
-    return diff[:limit] + f"\n[replays] The diff is larger than {limit:,} bytes; it is cut here.\n"
 
 
 def cut_diff(diff: str) -> str:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse
@@ -15,6 +16,7 @@ from django.utils.text import Truncator
 from django.views.decorators.http import require_POST
 
 from replays import context, diffview
+from replays.evaluation import document as documents
 from replays.evaluation import evaluators
 from replays.evaluation import report as reports
 from replays.models import Report, ReportStatus, ReviewStatus, Run, RunStatus
@@ -175,7 +177,7 @@ def turn_rows(run: Run) -> list[TurnRow]:
     records = [item for item in run.turns if isinstance(item, dict)]
     if len(records) < 2:
         return []
-    requests = run.configuration.get("requests") or []
+    requests = run.spec.requests
     rows = []
     for number, item in enumerate(records, start=1):
         text = str(requests[number - 1]) if number <= len(requests) else ""
@@ -239,8 +241,13 @@ def run_compare(request: HttpRequest, pk: int) -> HttpResponse:
     judging = next((item for item in judgments if item.status == ReportStatus.JUDGING), None)
     document = report.data if report is not None and isinstance(report.data, dict) else {}
     historical_diff = _historical_diff(report)
-    comparison = diffview.compare_diffs(historical_diff or "", run.diff)
-    request_text = str(run.configuration.get("request") or "")
+    comparison = diffview.compare_diffs(
+        historical_diff or "",
+        run.diff,
+        historical_cut=bool(report and report.review and report.review.historical_diff_cut),
+        replay_cut=run.diff_cut,
+    )
+    request_text = run.spec.request
     head, rest = split_request(request_text)
     options = evaluator_options(run.batch.evaluator)
     labels = {option.info.id: option.info.label for option in options}
@@ -260,7 +267,7 @@ def run_compare(request: HttpRequest, pk: int) -> HttpResponse:
             "checks": check_rows(document),
             "tests": tests_view(
                 document.get("tests")
-                or (reports.tests_document_of(report) if report is not None else None)
+                or (documents.tests_document_of(report) if report is not None else None)
             ),
             "request_head": head,
             "request_rest": rest,
@@ -272,6 +279,7 @@ def run_compare(request: HttpRequest, pk: int) -> HttpResponse:
             "can_judge": run.status == RunStatus.COMPLETED and judging is None,
             "evaluator_options": options,
             "refresh_seconds": JUDGING_REFRESH_SECONDS if judging else None,
+            "max_diff_bytes": settings.REPLAYS_MAX_DIFF_BYTES,
         },
     )
 

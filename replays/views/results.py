@@ -262,7 +262,7 @@ def run_detail(request: HttpRequest, pk: int) -> HttpResponse:
     )
     [card] = run_cards([run], model_labels(), timezone.now())
     lines = diff_lines(run.diff)
-    configuration = dict(run.configuration)
+    configuration = run.spec.as_json()
     request_text = configuration.pop("request", None)
     template = "replays/includes/run_live.html" if request.htmx else "replays/run_detail.html"
     return render(

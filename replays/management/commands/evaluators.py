@@ -5,8 +5,7 @@ from typing import Any
 
 from django.core.management.base import CommandParser
 
-from replays.evaluation import evaluators
-from replays.evaluation import report as reports
+from replays.evaluation import evaluators, results
 from replays.management.base import ReplaysCommand
 
 
@@ -22,7 +21,7 @@ class Command(ReplaysCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         found = evaluators.discover_evaluators()
-        rates = reports.consistency_rates()
+        rates = results.consistency_rates()
         if options["json"]:
             body = {
                 "evaluators": [

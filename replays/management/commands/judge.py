@@ -10,6 +10,7 @@ from django.utils import timezone
 
 from replays import processes
 from replays.evaluation import report as reports
+from replays.evaluation import results
 from replays.management.base import ReplaysCommand, json_text
 from replays.models import Batch, Report, Run, RunStatus
 
@@ -60,7 +61,7 @@ class Command(ReplaysCommand):
         for number, run in enumerate(runs, 1):
             done.append(self.judge_one(run, info.id, requested_at, number, len(runs)))
         if options["json"]:
-            self.stdout.write(json_text([reports.brief(item) for item in done]))
+            self.stdout.write(json_text([results.brief(item) for item in done]))
 
     def runs(self, run_id: int | None, batch_id: int | None) -> list[Run]:
         if run_id is not None:

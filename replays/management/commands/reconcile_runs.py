@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from replays import dispatch
+from replays import dispatch, supervision
 from replays.management.base import ReplaysCommand
 
 
@@ -30,5 +30,5 @@ class Command(ReplaysCommand):
             f"{report.judgments_lost} judgments lost."
         )
         if options["dispatch"]:
-            started = dispatch.dispatch_runs()
+            started = supervision.dispatch_runs()
             self.stdout.write(f"Dispatched: {', '.join(map(str, started)) or 'none'}.")

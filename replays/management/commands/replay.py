@@ -11,8 +11,8 @@ from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 
-from replays import approval, dispatch, planning
-from replays.evaluation import report as reports
+from replays import approval, planning, supervision
+from replays.evaluation import results
 from replays.formatting import DASH, duration, usd
 from replays.management.base import ReplaysCommand, command_user, json_text
 from replays.models import Batch, FailureOwner, PlanStatus, Report, Run, RunStatus, Winner
@@ -132,7 +132,7 @@ class Command(ReplaysCommand):
         batch = result.batch
         # Start what capacity allows right away, so a replay works without a running cluster;
         # with one running, the claims make this duplicate dispatch harmless.
-        dispatch.dispatch_runs()
+        supervision.dispatch_runs()
         if not self.as_json:
             self.stdout.write(
                 self.style.SUCCESS(f"Approved: batch {batch.pk} with {len(result.runs)} runs.")
@@ -283,7 +283,7 @@ class Command(ReplaysCommand):
     def help_dispatch(self, runs: list[Run]) -> None:
         """Queued members start as slots free, even when no cluster is running."""
         if any(run.status == RunStatus.QUEUED for run in runs):
-            dispatch.dispatch_runs()
+            supervision.dispatch_runs()
 
     def draw_live(self, runs: list[Run], previous_lines: int) -> None:
         if previous_lines:
@@ -350,7 +350,7 @@ class Command(ReplaysCommand):
                 "cost_usd": run.cost_usd,
                 "failure_code": run.failure_code,
                 "failure_message": run.failure_message,
-                "report": reports.brief(run.current_report),
+                "report": results.brief(run.current_report),
             }
             for run in batch.runs.with_current_report().order_by("id")
         ]
