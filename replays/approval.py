@@ -16,6 +16,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from replays import context, planning, wakeups
+from replays.errors import ErrorKind, ServiceError
 from replays.models import Batch, LaunchError, Plan, PlanStatus, Run, Thread
 from replays.runspec import RunSpec
 
@@ -25,13 +26,8 @@ CONFIGURATION_CHANGED = "The approved configuration changed. Prepare and approve
 TOKEN_SHAPE = re.compile(r"[A-Za-z0-9_-]{1,128}")
 
 
-class ApprovalError(Exception):
-    def __init__(self, message: str, *, code: str, status: int, details: Any = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.code = code
-        self.status = status
-        self.details = details
+class ApprovalError(ServiceError):
+    """An approval refused, with why."""
 
 
 @dataclass
@@ -45,51 +41,78 @@ class ApprovalResult:
 def approve_plan(
     *, plan_id: int, user: AbstractBaseUser, approved: Any, prepare_token: Any, run_config: Any
 ) -> ApprovalResult:
+    """The batch of an approved plan: made now (every run queued, in one transaction), or
+    the one an earlier approval of the same plan made. ApprovalError says why not."""
     if approved is not True:
         raise ApprovalError(
             "Nothing runs without an explicit approval: send approved: true.",
             code="approval_required",
-            status=400,
         )
-    if not isinstance(prepare_token, str) or not prepare_token:
-        raise ApprovalError("prepare_token is required.", code="token_required", status=400)
-    plan = Plan.objects.visible_to(user).filter(pk=plan_id).first()
-    if plan is None:
-        raise ApprovalError(f"Plan {plan_id} not found.", code="not_found", status=404)
-    token_hash = planning.hash_token(prepare_token) if TOKEN_SHAPE.fullmatch(prepare_token) else ""
-    if not token_hash or not hmac.compare_digest(token_hash, plan.token_hash):
-        if token_hash and Plan.objects.filter(token_hash=token_hash).exists():
-            raise ApprovalError(
-                "This prepare token belongs to another plan.", code="foreign_token", status=403
-            )
-        raise ApprovalError("Unknown prepare token.", code="unknown_token", status=403)
-    try:
-        given = planning.normalise_configuration(run_config)
-    except planning.PlanInputError as exc:
-        raise ApprovalError(
-            CONFIGURATION_CHANGED,
-            code="configuration_changed",
-            status=409,
-            details={"reason": exc.message},
-        ) from None
-    if planning.fingerprint(given) != plan.fingerprint:
-        raise ApprovalError(CONFIGURATION_CHANGED, code="configuration_changed", status=409)
-
+    plan = _plan_of_token(plan_id, user, prepare_token)
+    _require_same_configuration(plan, run_config)
     existing = plan.batch
     if existing is not None:
         # The same approval again (a retry, a restart): the same batch, nothing new.
         return _result(existing, idempotent=True)
     if plan.is_expired:
         raise ApprovalError(
-            "The prepare token expired. Prepare the plan again.", code="token_expired", status=410
+            "The prepare token expired. Prepare the plan again.",
+            code="token_expired",
+            kind=ErrorKind.GONE,
         )
     if plan.status != PlanStatus.READY_FOR_APPROVAL:
         raise ApprovalError(
             f"The plan {planning.status_phrase(plan.status)}: it cannot be approved.",
             code="plan_not_ready",
-            status=409,
+            kind=ErrorKind.CONFLICT,
             details={"blockers": plan.blockers, "questions": plan.questions},
         )
+    return _create_batch(plan, _unchanged_inputs(plan))
+
+
+def _plan_of_token(plan_id: int, user: AbstractBaseUser, prepare_token: Any) -> Plan:
+    """The plan, when the token is its own (only its sha256 is stored)."""
+    if not isinstance(prepare_token, str) or not prepare_token:
+        raise ApprovalError("prepare_token is required.", code="token_required")
+    plan = Plan.objects.visible_to(user).filter(pk=plan_id).first()
+    if plan is None:
+        raise ApprovalError(
+            f"Plan {plan_id} not found.", code="not_found", kind=ErrorKind.NOT_FOUND
+        )
+    token_hash = planning.hash_token(prepare_token) if TOKEN_SHAPE.fullmatch(prepare_token) else ""
+    if not token_hash or not hmac.compare_digest(token_hash, plan.token_hash):
+        if token_hash and Plan.objects.filter(token_hash=token_hash).exists():
+            raise ApprovalError(
+                "This prepare token belongs to another plan.",
+                code="foreign_token",
+                kind=ErrorKind.NOT_ALLOWED,
+            )
+        raise ApprovalError(
+            "Unknown prepare token.", code="unknown_token", kind=ErrorKind.NOT_ALLOWED
+        )
+    return plan
+
+
+def _require_same_configuration(plan: Plan, run_config: Any) -> None:
+    """The configuration sent is the one prepared, exactly (by its fingerprint)."""
+    try:
+        given = planning.normalise_configuration(run_config)
+    except planning.PlanInputError as exc:
+        raise ApprovalError(
+            CONFIGURATION_CHANGED,
+            code="configuration_changed",
+            kind=ErrorKind.CONFLICT,
+            details={"reason": exc.message},
+        ) from None
+    if planning.fingerprint(given) != plan.fingerprint:
+        raise ApprovalError(
+            CONFIGURATION_CHANGED, code="configuration_changed", kind=ErrorKind.CONFLICT
+        )
+
+
+def _unchanged_inputs(plan: Plan) -> dict[int, tuple[Thread, planning.ThreadPreparation]]:
+    """Every thread resolved again (the batch is made from these), refused when anything
+    prepare depended on changed meanwhile: the inputs, or the evaluator it resolved."""
     changes, current = protected_input_changes(plan)
     evaluator, blockers, _ = planning.resolve_plan_evaluator(plan.configuration)
     if evaluator != plan.evaluator or blockers:
@@ -107,10 +130,10 @@ def approve_plan(
             + "; ".join(c["message"] for c in changes)
             + ". Prepare and approve it again.",
             code="protected_input_changed",
-            status=409,
+            kind=ErrorKind.CONFLICT,
             details={"changes": changes},
         )
-    return _create_batch(plan, current)
+    return current
 
 
 def protected_input_changes(

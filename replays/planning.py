@@ -25,6 +25,7 @@ from django.utils import timezone
 
 from replays import access, agents, context, evidence, repos, runfolder
 from replays.agents.problems import MISSING
+from replays.errors import ErrorKind, ServiceError
 from replays.evaluation import evaluators
 from replays.models import (
     MAX_MODELS_PER_PLAN,
@@ -77,28 +78,14 @@ CONFIGURATION_KEYS = {
 }
 
 
-class PlanInputError(Exception):
-    """The configuration itself is not acceptable (HTTP 400, or 413 for size)."""
-
-    def __init__(
-        self, message: str, *, code: str = "invalid", details: Any = None, status: int = 400
-    ):
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.details = details
-        self.status = status
+class PlanInputError(ServiceError):
+    """The configuration itself is not acceptable (invalid, or too large)."""
 
 
-class PrepareConflict(Exception):
-    """Models of one thread saw different baselines or historical results (HTTP 409)."""
+class PrepareConflict(ServiceError):
+    """Models of one thread saw different baselines or historical results."""
 
-    def __init__(self, message: str, *, code: str, details: Any = None):
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.details = details
-        self.status = 409
+    kind = ErrorKind.CONFLICT
 
 
 @dataclass
@@ -471,7 +458,7 @@ def _normalise_thread_item(item: Any, index: int) -> dict[str, Any]:
             raise PlanInputError(
                 f"{where}: the request is larger than 1 MiB.",
                 code="too_large",
-                status=413,
+                kind=ErrorKind.TOO_LARGE,
                 details={"field": "request", "limit": MAX_REQUEST_BYTES},
             )
         if "\x00" in request:

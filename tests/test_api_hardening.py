@@ -21,6 +21,7 @@ from rest_framework.test import APIClient
 from replays import approval
 from replays.agents.base import AgentSetupError, RunContext
 from replays.agents.command import CommandAgent
+from replays.errors import ErrorKind
 from replays.models import Batch, Plan, Thread
 from replays.runspec import RunSpec
 from tests.run_factories import make_git_repo, make_run_graph
@@ -136,7 +137,7 @@ def test_a_prepare_token_that_cannot_be_one_is_an_unknown_token(
             prepare_token=token,
             run_config=plan["run_config"],
         )
-    assert (refused.value.code, refused.value.status) == ("unknown_token", 403)
+    assert (refused.value.code, refused.value.kind) == ("unknown_token", ErrorKind.NOT_ALLOWED)
     assert Batch.objects.count() == 0
 
 

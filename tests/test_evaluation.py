@@ -25,6 +25,7 @@ from django.contrib.auth.models import User
 from rest_framework.test import APIClient
 
 from replays import approval, dispatch, planning, supervision
+from replays.errors import ErrorKind
 from replays.models import (
     Batch,
     FailureCode,
@@ -598,7 +599,8 @@ def test_approval_refuses_when_the_evaluator_changed_since_prepare(
             prepare_token=prepared.prepare_token,
             run_config=prepared.plan.configuration,
         )
-    assert refused.value.status == 409 and "the evaluator changed" in refused.value.message
+    assert refused.value.kind == ErrorKind.CONFLICT
+    assert "the evaluator changed" in refused.value.message
 
 
 def test_the_evaluator_list_is_tests_first(lab: Eval) -> None:

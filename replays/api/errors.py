@@ -12,6 +12,8 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
+from replays.errors import ServiceError, http_status
+
 
 class ApiError(exceptions.APIException):
     """An error with our own code and details, raised by API views."""
@@ -42,6 +44,9 @@ def error_body(code: str, message: str, details: Any = None) -> dict[str, Any]:
 
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    if isinstance(exc, ServiceError):
+        # A service's refusal: its kind says the status, its code and message the body.
+        return Response(error_body(exc.code, exc.message, exc.details), status=http_status(exc))
     if isinstance(exc, Http404):
         exc = exceptions.NotFound()
     elif isinstance(exc, PermissionDenied):

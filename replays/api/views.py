@@ -246,12 +246,8 @@ class PlanCreateView(APIView):
         },
     )
     def post(self, request: Request) -> Response:
-        try:
-            prepared = planning.prepare_plan(owner=request.user, raw_configuration=request.data)
-        except (planning.PlanInputError, planning.PrepareConflict) as exc:
-            raise ApiError(
-                code=exc.code, message=exc.message, status_code=exc.status, details=exc.details
-            ) from None
+        # A refusal (ServiceError) is answered by the exception handler.
+        prepared = planning.prepare_plan(owner=request.user, raw_configuration=request.data)
         body = _plan_body(prepared.plan, prepare_token=prepared.prepare_token)
         return Response(PlanSerializer(body).data, status=status.HTTP_201_CREATED)
 
@@ -292,18 +288,13 @@ class PlanApproveView(APIView):
     )
     def post(self, request: Request, pk: int) -> Response:
         data = json_object(request, {"approved", "prepare_token", "run_config"})
-        try:
-            result = approval.approve_plan(
-                plan_id=pk,
-                user=request.user,
-                approved=data.get("approved"),
-                prepare_token=data.get("prepare_token"),
-                run_config=data.get("run_config"),
-            )
-        except approval.ApprovalError as exc:
-            raise ApiError(
-                code=exc.code, message=exc.message, status_code=exc.status, details=exc.details
-            ) from None
+        result = approval.approve_plan(
+            plan_id=pk,
+            user=request.user,
+            approved=data.get("approved"),
+            prepare_token=data.get("prepare_token"),
+            run_config=data.get("run_config"),
+        )
         code = status.HTTP_200_OK if result.idempotent else status.HTTP_201_CREATED
         return Response(approval_body(result), status=code)
 
@@ -378,16 +369,9 @@ class RunJudgeView(APIView):
         evaluator = data.get("evaluator")
         if evaluator is not None and not isinstance(evaluator, str):
             raise ApiError(code="invalid", message="evaluator must be a string.")
-        try:
-            judging = reports.request_judgment(
-                run=run, evaluator=evaluator, approved=data.get("approved"), user=request.user
-            )
-        except reports.JudgmentRefused as exc:
-            raise ApiError(code=exc.code, message=exc.message, status_code=exc.status) from None
-        except reports.JudgmentInProgress as exc:
-            raise ApiError(
-                code="judgment_in_progress", message=str(exc), status_code=status.HTTP_409_CONFLICT
-            ) from None
+        judging = reports.request_judgment(
+            run=run, evaluator=evaluator, approved=data.get("approved"), user=request.user
+        )
         return Response(ReportSerializer(judging).data, status=status.HTTP_202_ACCEPTED)
 
 
@@ -504,14 +488,7 @@ def _export_responses(
 
 
 def _leaderboard(request: Request, *, with_choices: bool) -> leaderboards.Leaderboard:
-    try:
-        filters = leaderboards.parse_filters(request.query_params)
-    except leaderboards.InvalidFilter as exc:
-        raise ApiError(
-            code="invalid_filter",
-            message=exc.message,
-            details={"field": exc.field, "value": exc.value},
-        ) from None
+    filters = leaderboards.parse_filters(request.query_params)
     return leaderboards.leaderboard(user=request.user, filters=filters, with_choices=with_choices)
 
 

@@ -344,12 +344,26 @@ def run_verify(
         not_started = prepared.failure(output) if exit_code is not None else ""
     finally:
         prepared.close()
+    seconds = time.monotonic() - started
+    return _tree_tests(argv, exit_code, output, not_started, junit, seconds, timeout_seconds)
+
+
+def _tree_tests(
+    argv: list[str],
+    exit_code: int | None,
+    output: str,
+    not_started: str,
+    junit: Path,
+    seconds: float,
+    timeout_seconds: float,
+) -> TreeTests:
+    """How a finished verify command went: its outcome, output, per-test results."""
     if not_started:
         return TreeTests(
             outcome="error",
             exit_code=None,  # the command itself never ran
             output_tail=output[-OUTPUT_TAIL_CHARS:],
-            seconds=time.monotonic() - started,
+            seconds=seconds,
             message=f"The verify command {argv[0]!r} could not start in the sandbox: "
             f"{not_started}",
         )
@@ -358,7 +372,7 @@ def run_verify(
         outcome=_outcome(exit_code),
         exit_code=exit_code,
         output_tail=output[-OUTPUT_TAIL_CHARS:],
-        seconds=time.monotonic() - started,
+        seconds=seconds,
         tests=tests,
         message=_join(_timeout_message(exit_code, timeout_seconds), junit_note),
     )

@@ -45,6 +45,7 @@ from django.db.models.functions import Cast, Coalesce, Round
 from replays import statistics
 from replays.agents import BASELINE_AGENT
 from replays.agents.baselines import EMPTY, HISTORICAL
+from replays.errors import ServiceError
 from replays.models import (
     ACTIVE_RUN_STATUSES,
     FAILURE_OWNERS,
@@ -84,13 +85,14 @@ NOT_COUNTED_REASONS = {
 }
 
 
-class InvalidFilter(ValueError):
+class InvalidFilter(ServiceError):
     """A filter value that cannot be used, with the field it came from."""
 
     def __init__(self, field: str, message: str, value: str) -> None:
-        super().__init__(message)
+        super().__init__(
+            message, code="invalid_filter", details={"field": field, "value": value}
+        )
         self.field = field
-        self.message = message
         self.value = value
 
 

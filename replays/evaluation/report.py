@@ -32,6 +32,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from replays import processes, repos, runfolder
+from replays.errors import ErrorKind, ServiceError
 from replays.evaluation import checks, document, evaluators, judge, treetests
 from replays.evaluation.review import PROMPT_VERSION, ReviewInputs, ReviewKey, obtain_review
 from replays.models import (
@@ -49,22 +50,18 @@ logger = logging.getLogger(__name__)
 Tick = Callable[[], None]
 
 
-class JudgmentInProgress(Exception):
+class JudgmentInProgress(ServiceError):
     """The run is being judged already: nothing is judged twice at once."""
+
+    kind = ErrorKind.CONFLICT
 
 
 class JudgmentGone(processes.StopRequested):
     """Our judgment is no longer ours (reconcile marked it lost)."""
 
 
-class JudgmentRefused(Exception):
+class JudgmentRefused(ServiceError):
     """A judgment cannot be asked for (the run has not completed, no approval, ...)."""
-
-    def __init__(self, message: str, *, code: str, status: int) -> None:
-        super().__init__(message)
-        self.message = message
-        self.code = code
-        self.status = status
 
 
 # --- asking for a judgment -------------------------------------------------------------------
@@ -97,7 +94,8 @@ def start_judgment(
             )
     except IntegrityError:
         raise JudgmentInProgress(
-            f"Run {run.pk} is being judged already; wait for that judgment to end."
+            f"Run {run.pk} is being judged already; wait for that judgment to end.",
+            code="judgment_in_progress",
         ) from None
 
 
@@ -108,28 +106,28 @@ def check_judgeable(*, run: Run, evaluator: str | None, approved: Any) -> evalua
         raise JudgmentRefused(
             f"Run {run.pk} is {run.get_status_display().lower()}: only a completed run is judged.",
             code="not_completed",
-            status=409,
+            kind=ErrorKind.CONFLICT,
         )
     wanted = evaluator or run.batch.evaluator
     if not wanted:
         raise JudgmentRefused(
-            "This batch has no evaluator: name one.", code="evaluator_required", status=400
+            "This batch has no evaluator: name one.", code="evaluator_required", kind=ErrorKind.INVALID
         )
     try:
         info = evaluators.resolve_evaluator(wanted)
     except evaluators.UnknownEvaluator as exc:
-        raise JudgmentRefused(str(exc), code="unknown_evaluator", status=400) from None
+        raise JudgmentRefused(str(exc), code="unknown_evaluator", kind=ErrorKind.INVALID) from None
     if not info.available:
         raise JudgmentRefused(
             f"The evaluator {info.id} cannot judge here: {info.reason}",
             code="evaluator_unavailable",
-            status=409,
+            kind=ErrorKind.CONFLICT,
         )
     if not info.is_tests and approved is not True:
         raise JudgmentRefused(
             f"Judging with {info.id} calls a model and costs money: send approved: true.",
             code="approval_required",
-            status=400,
+            kind=ErrorKind.INVALID,
         )
     return info
 

@@ -239,37 +239,54 @@ def _work(
     review: Review, key: ReviewKey, inputs: ReviewInputs, folder: Path, beat: Tick
 ) -> dict[str, Any]:
     """Tests at the baseline and the historical ending, then the checks: the fields to store."""
-    repository = inputs.repository
-    diff = inputs.historical_diff
-    if diff is None:
-        try:
-            diff = repos.historical_diff(repository, key.baseline_commit, key.ending_commit)
-        except repos.GitError as exc:
-            raise ReviewFailed(f"The historical result cannot be read: {exc}") from None
-    if repos.sha256_text(diff) != key.historical_result_sha256:
-        raise ReviewFailed("The historical result changed since the plan was approved.")
+    diff = _historical_diff(key, inputs)
     kept = repos.bound_diff(diff, settings.REPLAYS_MAX_DIFF_BYTES)
     stored = {"historical_diff": kept.text, "historical_diff_cut": kept.cut}
     tests = _historical_tests(key, inputs, diff, folder, beat)
     info = _evaluator(key.evaluator)
     if info.is_tests:
-        found = checks_from_tests(tests)
-        if not found:
-            sets = checks.TestSets.from_dict(tests["sets"]) if tests.get("sets") else None
-            raise ReviewFailed(
-                "The `tests` evaluator needs the verify command to pass on the historical "
-                f"ending: {sets.reason if sets else 'no verify command was given.'}",
-                tests=tests,
-                **stored,
-            )
-        # No model was asked: the checks cost nothing (a known zero, not unknown).
-        return {
-            "tests": tests,
-            "checks": found,
-            "audit": {},
-            "cost_usd": Decimal(0),
+        return _checks_from_the_tests(tests, stored)
+    return _checks_from_the_evaluator(info, inputs, diff, tests, stored, folder, beat)
+
+
+def _historical_diff(key: ReviewKey, inputs: ReviewInputs) -> str:
+    """The historical diff (as the caller read it, or read here), as approved."""
+    diff = inputs.historical_diff
+    if diff is None:
+        try:
+            diff = repos.historical_diff(inputs.repository, key.baseline_commit, key.ending_commit)
+        except repos.GitError as exc:
+            raise ReviewFailed(f"The historical result cannot be read: {exc}") from None
+    if repos.sha256_text(diff) != key.historical_result_sha256:
+        raise ReviewFailed("The historical result changed since the plan was approved.")
+    return diff
+
+
+def _checks_from_the_tests(tests: dict[str, Any], stored: dict[str, Any]) -> dict[str, Any]:
+    """The `tests` evaluator's checks: the reference tests themselves (no model asked)."""
+    found = checks_from_tests(tests)
+    if not found:
+        sets = checks.TestSets.from_dict(tests["sets"]) if tests.get("sets") else None
+        raise ReviewFailed(
+            "The `tests` evaluator needs the verify command to pass on the historical "
+            f"ending: {sets.reason if sets else 'no verify command was given.'}",
+            tests=tests,
             **stored,
-        }
+        )
+    # No model was asked: the checks cost nothing (a known zero, not unknown).
+    return {"tests": tests, "checks": found, "audit": {}, "cost_usd": Decimal(0), **stored}
+
+
+def _checks_from_the_evaluator(
+    info: evaluators.EvaluatorInfo,
+    inputs: ReviewInputs,
+    diff: str,
+    tests: dict[str, Any],
+    stored: dict[str, Any],
+    folder: Path,
+    beat: Tick,
+) -> dict[str, Any]:
+    """The checks a model evaluator derives from the request, the diff and the tests."""
     prompt = checks_prompt(request=inputs.request, diff=diff, tests=tests)
     answer, seconds = evaluators.ask(
         info,
@@ -293,12 +310,7 @@ def _work(
         found = parse_checks(answer.answer)
     except ReviewFailed as exc:
         raise ReviewFailed(str(exc), tests=tests, audit=audit, **spent) from None
-    return {
-        "tests": tests,
-        "checks": found,
-        "audit": audit,
-        **spent,
-    }
+    return {"tests": tests, "checks": found, "audit": audit, **spent}
 
 
 def _evaluator(evaluator_id: str) -> evaluators.EvaluatorInfo:
@@ -395,6 +407,7 @@ def verify_tree(
         return checks.TreeTests(
             outcome="error", message=f"The historical tests could not be laid over: {exc}"
         )
+
     def sandboxed(argv: list[str], env: dict[str, str]) -> sandbox.Prepared:
         # The tree and the command's own folder writable; beyond the system, a program of
         # the repository's own (its .venv, say) or Replays' own Python read-only; what git

@@ -17,6 +17,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_POST
 
 from replays import agents, approval, estimates, planning
+from replays.errors import http_status
 from replays.forms import AnswerForm
 from replays.models import (
     Batch,
@@ -232,7 +233,7 @@ def plan_prepare_again(request: HttpRequest, pk: int) -> HttpResponse:
         prepared = planning.prepare_plan(owner=request.user, raw_configuration=configuration)
     except (planning.PlanInputError, planning.PrepareConflict) as exc:
         error = PageError(exc.message, exc.code, can_prepare_again=False)
-        return _plan_page(request, plan, error=error, status=exc.status)
+        return _plan_page(request, plan, error=error, status=http_status(exc))
     return after_prepare(request, prepared)
 
 
@@ -264,7 +265,7 @@ def plan_approve(request: HttpRequest, pk: int) -> HttpResponse:
         )
     except approval.ApprovalError as exc:
         error = PageError(exc.message, exc.code, can_prepare_again=exc.code != "not_found")
-        return _plan_page(request, plan, error=error, status=exc.status)
+        return _plan_page(request, plan, error=error, status=http_status(exc))
     if result.idempotent:
         messages.info(request, f"Plan {plan.pk} was already approved: this is its batch.")
     else:
