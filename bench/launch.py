@@ -145,8 +145,8 @@ def approve_and_wait(setup: Setup, members: int) -> list[float]:
     from django.db import transaction
 
     from replays import runfolder, wakeups
+    from replays.factories.runs import make_run_graph
     from replays.models import FINISHED_RUN_STATUSES, Run
-    from tests.run_factories import make_run_graph
 
     with transaction.atomic():
         _, runs = make_run_graph(
@@ -226,8 +226,8 @@ def freed_slot_gap(setup: Setup) -> float:
     from django.db import transaction
 
     from replays import runfolder, wakeups
+    from replays.factories.runs import make_run_graph
     from replays.models import FINISHED_RUN_STATUSES, Run
-    from tests.run_factories import make_run_graph
 
     with transaction.atomic():
         _, runs = make_run_graph(
@@ -260,7 +260,7 @@ class Setup:
     def __init__(self, folder: Path) -> None:
         from django.contrib.auth.models import User
 
-        from tests.run_factories import make_git_repo
+        from replays.factories.runs import make_git_repo
 
         self.folder = folder
         self.owner, _ = User.objects.get_or_create(username="bench")

@@ -58,8 +58,8 @@ def bench_database_url(url: str) -> str:
 
 def add_turns(threads: list, per_thread: int) -> int:  # type: ignore[type-arg]
 
+    from replays.factories.leaderboard import CREATED
     from replays.models import Thread, Turn
-    from tests.leaderboard_factories import CREATED
 
     made = 0
     batch: list[Turn] = []
@@ -95,8 +95,8 @@ def seed_user(username: str, *, filler_batches: int, turns_per_thread: int, thre
     more batches of the same shape on their other threads."""
     from django.contrib.auth.models import User
 
+    from replays.factories.leaderboard import make_threads, seed
     from replays.models import Thread
-    from tests.leaderboard_factories import make_threads, seed
 
     user = User.objects.create_user(username, password="bench")
     made = make_threads(threads * (filler_batches + 1))

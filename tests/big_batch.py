@@ -59,8 +59,8 @@ def main() -> int:
 
     call_command("migrate", verbosity=0)
     from replays import dispatch
+    from replays.factories.runs import make_git_repo, make_run_graph
     from replays.models import Report, Run
-    from tests.run_factories import make_git_repo, make_run_graph
 
     owner, _ = User.objects.get_or_create(username="alice")
     for number in range(THREADS):

@@ -44,6 +44,7 @@ from django.contrib.auth.models import User
 from django.db.models import Count
 
 from replays import approval, dispatch, planning, processes, wakeups
+from replays.factories.runs import make_git_repo, make_run_graph
 from replays.models import (
     ACTIVE_RUN_STATUSES,
     FINISHED_RUN_STATUSES,
@@ -53,7 +54,6 @@ from replays.models import (
     Run,
     RunStatus,
 )
-from tests.run_factories import make_git_repo, make_run_graph
 
 MANAGE = Path(__file__).resolve().parent.parent / "manage.py"
 AGENT_SCRIPTS = Path(__file__).resolve().parent / "agent_scripts"

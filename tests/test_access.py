@@ -11,8 +11,9 @@ from rest_framework.test import APIClient
 
 from replays import approval, planning
 from replays.accounts import create_api_token
+from replays.errors import ErrorKind
+from replays.factories.runs import make_git_repo
 from replays.models import Turn
-from tests.run_factories import make_git_repo
 
 pytestmark = pytest.mark.django_db
 
@@ -54,7 +55,8 @@ def test_approval_refuses_a_request_edited_after_prepare(
             prepare_token=prepared.prepare_token,
             run_config=plan.configuration,
         )
-    assert refused.value.status == 409 and "the request text of thread" in refused.value.message
+    assert refused.value.kind == ErrorKind.CONFLICT
+    assert "the request text of thread" in refused.value.message
 
 
 def test_a_turns_request_is_read_only_in_the_admin(

@@ -7,8 +7,8 @@ from django.contrib.auth.models import User
 from django.test import Client
 from django.urls import reverse
 
+from replays.factories.runs import make_git_repo, make_run_graph
 from replays.models import LaunchError, Report, Review, Run, Thread
-from tests.run_factories import make_git_repo, make_run_graph
 
 pytestmark = pytest.mark.django_db
 

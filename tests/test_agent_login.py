@@ -19,7 +19,7 @@ from replays import planning
 from replays.agents.claude_code import ClaudeCodeAgent
 from replays.agents.codex import CodexAgent
 from replays.agents.problems import MISSING, READY, UNKNOWN
-from tests.run_factories import make_git_repo
+from replays.factories.runs import make_git_repo
 
 FAKE_PROVIDER = [
     "-c", "model_provider=fake",

@@ -29,10 +29,10 @@ from schemathesis.specs.openapi.checks import (
 
 from replays import importing, planning
 from replays.accounts import create_api_token
+from replays.factories.leaderboard import seed
+from replays.factories.runs import make_git_repo, make_run_graph
 from replays.models import Batch, Plan, Report, ReportStatus, Run, RunStatus, Thread
 from tests.conftest import MANIFEST_PATH, REAL_TRANSCRIPTS
-from tests.leaderboard_factories import seed
-from tests.run_factories import make_git_repo, make_run_graph
 
 # 18 operations, valid and invalid input each: at least 1,000 cases, about a minute.
 EXAMPLES_PER_MODE = 40

@@ -22,9 +22,9 @@ from replays import approval
 from replays.agents.base import AgentSetupError, RunContext
 from replays.agents.command import CommandAgent
 from replays.errors import ErrorKind
+from replays.factories.runs import make_git_repo, make_run_graph
 from replays.models import Batch, Plan, Thread
 from replays.runspec import RunSpec
-from tests.run_factories import make_git_repo, make_run_graph
 
 pytestmark = pytest.mark.django_db
 

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
+from replays.factories.runs import make_git_repo, make_run_graph
 from replays.models import Plan, Report, ReportStatus, Run, RunPhase, RunStatus
-from tests.run_factories import make_git_repo, make_run_graph
 from tests.test_browser import CHROMIUM, CHROMIUM_ARGS  # noqa: F401 (skips without it)
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]

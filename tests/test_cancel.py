@@ -10,9 +10,9 @@ from django.contrib.auth.models import User
 from django.utils import timezone
 
 from replays import dispatch, supervision, tasks
+from replays.factories.runs import make_run_graph
 from replays.models import FailureCode, Run, RunPhase, RunStatus
 from tests.conftest import is_within
-from tests.run_factories import make_run_graph
 from tests.test_dispatch import Lab, finished, gone, make_lab, wait_until
 
 

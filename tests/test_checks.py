@@ -20,7 +20,7 @@ import pytest
 from replays import repos
 from replays.evaluation import checks
 from replays.evaluation.checks import TreeTests
-from tests.run_factories import git
+from replays.factories.runs import git
 
 PYTHON = shlex.quote(sys.executable)
 

@@ -21,6 +21,7 @@ from django.utils.html import escape
 
 from replays import diffview, processes, repos
 from replays.evaluation import report as reports
+from replays.factories.runs import git, make_git_repo, make_run_graph
 from replays.models import (
     Report,
     ReportStatus,
@@ -30,7 +31,6 @@ from replays.models import (
     RunPhase,
     RunStatus,
 )
-from tests.run_factories import git, make_git_repo, make_run_graph
 from tests.test_dispatch import wait_until
 from tests.test_layers import GRAPH, room
 

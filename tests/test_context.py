@@ -17,12 +17,12 @@ from replays import approval, context, importing, planning
 from replays.agents.base import ForkedSession, RunContext
 from replays.agents.claude_code import ClaudeCodeAgent, claude_project_slug
 from replays.agents.codex import CodexAgent
+from replays.factories.runs import make_git_repo, make_run_graph, mark_launching
 from replays.models import PlanStatus, Run, RunStatus, Thread, Transcript, Turn
 from replays.runspec import RunSpec
 from replays.transcripts import parse_transcript
 from replays.transcripts.base import MAX_FINAL_ANSWER_CHARS, ParsedTurn
 from tests.conftest import FIXTURES, REAL_TRANSCRIPTS, manifest_session
-from tests.run_factories import make_git_repo, make_run_graph, mark_launching
 
 pytestmark = pytest.mark.django_db
 

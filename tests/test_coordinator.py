@@ -25,9 +25,9 @@ from django.contrib.auth.models import User
 from django.utils import timezone
 
 from replays import processes, repos
+from replays.factories.runs import make_git_repo, make_run_graph, mark_launching
 from replays.models import FailureCode, Run, RunPhase, RunStatus
 from tests.conftest import host_pids, is_within
-from tests.run_factories import make_git_repo, make_run_graph, mark_launching
 
 MANAGE = Path(__file__).resolve().parent.parent / "manage.py"
 SCRIPTS = Path(__file__).resolve().parent / "agent_scripts"

@@ -21,6 +21,7 @@ from django.utils import timezone
 from django_q.models import OrmQ, Schedule
 
 from replays import dispatch, processes, repos, runfolder, supervision, tasks, wakeups
+from replays.factories.runs import make_git_repo, make_run_graph
 from replays.models import (
     FINISHED_RUN_STATUSES,
     Batch,
@@ -32,7 +33,6 @@ from replays.models import (
     RunStatus,
 )
 from tests.conftest import host_pids
-from tests.run_factories import make_git_repo, make_run_graph
 from tests.test_cluster import start_cluster, stop_cluster
 
 MANAGE = Path(__file__).resolve().parent.parent / "manage.py"

@@ -15,8 +15,8 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 from replays.api.renderers import csv_cell
+from replays.factories.leaderboard import make_batch, make_threads, seed
 from replays.models import Run
-from tests.leaderboard_factories import make_batch, make_threads, seed
 
 pytestmark = pytest.mark.django_db
 

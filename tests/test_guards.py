@@ -29,9 +29,9 @@ from replays.evaluation import checks, judge
 from replays.evaluation import leaderboard as leaderboards
 from replays.evaluation import report as reports
 from replays.evaluation.review import ReviewInputs, ReviewKey, obtain_review
+from replays.factories.leaderboard import seed
+from replays.factories.runs import make_git_repo, make_run_graph
 from replays.models import Report, ReportStatus, Review, Run, RunPhase, RunStatus
-from tests.leaderboard_factories import seed
-from tests.run_factories import make_git_repo, make_run_graph
 
 SCRIPTS = Path(__file__).resolve().parent / "agent_scripts"
 PASSING = f"{sys.executable} -c pass"

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from replays import repos, runfolder
+from replays.factories.runs import git, make_git_repo, make_run_graph, mark_launching
 from replays.models import Run, RunStatus
-from tests.run_factories import git, make_git_repo, make_run_graph, mark_launching
 
 PAYLOAD = """#!/bin/sh
 env > "{marker}"

@@ -29,6 +29,8 @@ PROTOCOL_ABOVE = {
     "evaluation": {"planning", "approval", "dispatch", "supervision", "coordinator"},
 }
 DOORS = {"api", "views", "forms", "admin", "management", "tasks", "templatetags"}
+# Rows made directly for bench/ and tests/: above the services, imported by no module here.
+FACTORIES = "factories"
 # Wiring, not doors: routes lead to the views, the body-size middleware answers in the API's
 # one error shape.
 WIRING = {"urls", "middleware", "apps"}
@@ -147,3 +149,21 @@ def test_no_module_closes_a_circle() -> None:
                     seen.add(target)
                     stack.append((target, (*path, target)))
     assert circles == []
+
+
+@pytest.mark.parametrize("module", sorted(GRAPH))
+def test_the_application_never_imports_the_factories(module: str) -> None:
+    if room(module) != FACTORIES:
+        assert not {room(name) for name in GRAPH[module]} & {FACTORIES}, module
+
+
+def test_the_benchmarks_stand_on_their_own() -> None:
+    """bench/ uses the application and its factories, never the tests."""
+    for path in (PACKAGE.parent / "bench").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            assert not [name for name in names if name.split(".")[0] == "tests"], path.name

@@ -15,8 +15,8 @@ from django.urls import reverse
 
 from replays import statistics
 from replays.evaluation import leaderboard as leaderboards
+from replays.factories.leaderboard import CREATED, REPOSITORY, make_threads, seed
 from replays.models import Report
-from tests.leaderboard_factories import CREATED, REPOSITORY, make_threads, seed
 
 PAGE_URL = reverse("replays:leaderboard")
 API_URL = reverse("api-leaderboard")

@@ -15,8 +15,8 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
+from replays.factories.leaderboard import CREATED, Seeded, make_threads, seed
 from replays.models import Report, ReportStatus, Thread, Turn
-from tests.leaderboard_factories import CREATED, Seeded, make_threads, seed
 
 # Every kind of ending a member can have, so every branch of the pages is drawn.
 OUTCOMES = [("win", 0.9), ("tie", 0.5), ("loss", 0.2), "timeout", "review_failed", "pending"]

@@ -21,6 +21,7 @@ from django.core.management import call_command
 from django.utils import timezone
 
 from replays import dispatch, processes, runlogs, supervision, tasks
+from replays.factories.runs import make_run_graph
 from replays.models import (
     FailureCode,
     LaunchError,
@@ -30,7 +31,6 @@ from replays.models import (
     RunPhase,
     RunStatus,
 )
-from tests.run_factories import make_run_graph
 
 # A process with a child and a grandchild, all asleep; it writes their pids to argv[1].
 SLEEPING_TREE = """

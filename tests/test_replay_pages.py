@@ -15,6 +15,7 @@ from django.test import RequestFactory
 from django.urls import reverse
 from django.utils import timezone
 
+from replays.factories.runs import make_run_graph
 from replays.models import (
     Batch,
     FailureCode,
@@ -30,7 +31,6 @@ from replays.models import (
     Thread,
 )
 from tests.conftest import SAMPLE_BUNDLE, manifest_session
-from tests.run_factories import make_run_graph
 
 pytestmark = pytest.mark.django_db
 

@@ -12,8 +12,9 @@ import pytest
 from django.contrib.auth.models import User
 
 from replays import approval, coordinator, planning
+from replays.errors import ErrorKind
+from replays.factories.runs import make_git_repo, make_run_graph, mark_launching
 from replays.models import FailureCode, Run, RunStatus
-from tests.run_factories import make_git_repo, make_run_graph, mark_launching
 
 pytestmark = pytest.mark.django_db
 
@@ -102,7 +103,7 @@ def test_approval_refuses_when_the_repository_left_the_roots(
             prepare_token=prepared.prepare_token,
             run_config=plan.configuration,
         )
-    assert refused.value.status == 409
+    assert refused.value.kind == ErrorKind.CONFLICT
 
 
 def test_the_coordinator_refuses_a_repository_outside_the_roots(

@@ -15,8 +15,8 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from replays.factories.runs import make_git_repo, make_run_graph
 from replays.models import Batch, Report, ReportStatus, Run, RunPhase, RunStatus
-from tests.run_factories import make_git_repo, make_run_graph
 
 pytestmark = pytest.mark.django_db
 

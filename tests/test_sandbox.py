@@ -29,12 +29,12 @@ from replays import dispatch, doctor, planning, processes, runfolder, sandbox
 from replays.agents.base import RunContext
 from replays.agents.codex import CodexAgent
 from replays.agents.problems import SetupKind, SetupProblem
+from replays.factories.runs import git, make_git_repo, make_run_graph, mark_launching
 from replays.models import FailureCode, PlanStatus, Run, RunStatus
 from replays.runspec import RunSpec
 from tests.conftest import NODE_BIN, require_tool
 from tests.fakes.openai_server import OpenAIServer
 from tests.fakes.scripting import Text, shell
-from tests.run_factories import git, make_git_repo, make_run_graph, mark_launching
 
 MANAGE = Path(__file__).resolve().parent.parent / "manage.py"
 BASE_DIR = Path(__file__).resolve().parent.parent

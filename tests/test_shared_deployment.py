@@ -21,10 +21,10 @@ from django.db import connection
 from django.test import Client
 
 from replays import accounts, runlogs
+from replays.factories.runs import make_git_repo, make_run_graph, mark_launching
 from replays.models import ApiToken, FailureCode, RunLog, RunStatus
 from replays.transcripts import store
 from tests.conftest import REAL_TRANSCRIPTS
-from tests.run_factories import make_git_repo, make_run_graph, mark_launching
 
 MANAGE = Path(__file__).resolve().parent.parent / "manage.py"
 SCRIPTS = Path(__file__).resolve().parent / "agent_scripts"

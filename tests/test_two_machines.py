@@ -26,9 +26,9 @@ from typing import Any
 import psutil
 import pytest
 
+from replays.factories.runs import make_git_repo
 from tests.conftest import host_pids
 from tests.engines import Engines, private_engines, skip_on_the_shared_postgres_pass
-from tests.run_factories import make_git_repo
 from tests.test_dispatch import wait_until
 
 pytestmark = pytest.mark.multihost
@@ -45,7 +45,7 @@ CREATE_BATCH = """
 import json, os
 from django.contrib.auth.models import User
 from replays import wakeups
-from tests.run_factories import make_run_graph
+from replays.factories.runs import make_run_graph
 spec = json.loads(os.environ["BATCH"])
 owner, _ = User.objects.get_or_create(username="alice")
 batch, runs = make_run_graph(owner=owner, repo=__import__("pathlib").Path(spec["repo"]),

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from replays import planning
-from tests.run_factories import make_git_repo
+from replays.factories.runs import make_git_repo
 
 
 def executable(path: Path) -> Path:
