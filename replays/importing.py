@@ -46,10 +46,13 @@ from replays.transcripts import (
     ParsedTurn,
     TokenUsage,
     TranscriptError,
+    gemini,
+    opencode,
     parse_transcript,
+    read_source,
     store,
 )
-from replays.transcripts.base import LongContextUsage
+from replays.transcripts.base import LongContextUsage, RecordedCost
 
 logger = logging.getLogger(__name__)
 
@@ -94,17 +97,31 @@ def price_table() -> pricing.PriceTable:
 
 
 def default_transcript_roots() -> list[Path]:
-    """Where Claude Code and Codex keep their session files on this machine."""
+    """Where the agents keep their sessions on this machine, each tool's environment
+    overrides first (comma lists, as ccusage reads them): Claude Code ($CLAUDE_CONFIG_DIR,
+    ~/.claude, ~/.config/claude), Codex ($CODEX_HOME, ~/.codex), Gemini CLI
+    ($GEMINI_DATA_DIR, ~/.gemini/tmp), OpenCode ($OPENCODE_DATA_DIR, $XDG_DATA_HOME/opencode,
+    ~/.local/share/opencode) and pi ($PI_AGENT_DIR, $PI_CODING_AGENT_DIR/sessions,
+    ~/.pi/agent/sessions)."""
     home = Path.home()
     roots: list[Path] = []
-    for config_dir in os.environ.get("CLAUDE_CONFIG_DIR", "").split(","):
-        if config_dir.strip():
-            roots.append(Path(config_dir.strip()).expanduser() / "projects")
+
+    def listed(name: str, below: str = "") -> list[Path]:
+        folders = [item.strip() for item in os.environ.get(name, "").split(",") if item.strip()]
+        return [Path(folder).expanduser() / below if below else Path(folder).expanduser() for folder in folders]
+
+    roots += listed("CLAUDE_CONFIG_DIR", "projects")
     roots += [home / ".claude" / "projects", home / ".config" / "claude" / "projects"]
-    codex_home = os.environ.get("CODEX_HOME", "").strip()
-    if codex_home:
-        roots.append(Path(codex_home).expanduser() / "sessions")
+    roots += listed("CODEX_HOME", "sessions")
     roots.append(home / ".codex" / "sessions")
+    roots += listed("GEMINI_DATA_DIR")
+    roots.append(home / ".gemini" / "tmp")
+    roots += listed("OPENCODE_DATA_DIR")
+    roots += listed("XDG_DATA_HOME", "opencode")
+    roots.append(home / ".local" / "share" / "opencode")
+    roots += listed("PI_AGENT_DIR")
+    roots += listed("PI_CODING_AGENT_DIR", "sessions")
+    roots.append(home / ".pi" / "agent" / "sessions")
     unique: list[Path] = []
     for root in roots:
         if root not in unique:
@@ -113,26 +130,65 @@ def default_transcript_roots() -> list[Path]:
 
 
 def find_transcript_files(paths: Iterable[Path]) -> Iterator[Path]:
-    """Session files under the given files and folders, in a stable order.
+    """Sessions under the given files and folders, in a stable order: a path each.
 
-    Sub-agent transcripts (`<session>/subagents/*.jsonl`) are read together with
-    their main session file, so they are not listed on their own.
+    Sub-agents' files (Claude Code's `<session>/subagents/*.jsonl`, Gemini CLI's
+    `chats/<session id>/*.json`) are read together with their main session file, so they
+    are not listed on their own. An OpenCode database gives one path per session in it
+    (`opencode.db/<session id>`); its JSON storage one per session file, unless the
+    database beside it holds the same session (OpenCode copies its storage into it).
     """
     seen: set[Path] = set()
     for path in paths:
-        if path.is_file():
+        if opencode.database_session(path) is not None:
             candidates = [path]
+        elif path.is_file():
+            candidates = _database_sessions(path) if opencode.is_database(path) else [path]
         elif path.is_dir():
-            candidates = sorted(
-                p for p in path.rglob("*.jsonl") if p.is_file() and "subagents" not in p.parts
-            )
+            candidates = _sessions_in(path)
         else:
             continue
         for candidate in candidates:
-            resolved = candidate.resolve()
+            resolved = candidate.parent.resolve() / candidate.name
             if resolved not in seen:
                 seen.add(resolved)
                 yield candidate
+
+
+def _database_sessions(database: Path) -> list[Path]:
+    try:
+        return opencode.database_sessions(database)
+    except TranscriptError:
+        return [database]  # imported as it is, it fails saying why
+
+
+def _sessions_in(folder: Path) -> list[Path]:
+    """The sessions of every tool under ``folder`` (see find_transcript_files)."""
+    found: list[Path] = []
+    in_databases: set[str] = set()
+    for file in sorted(folder.rglob("*")):
+        name = file.name
+        if name.endswith(".jsonl"):
+            if "subagents" in file.parts or gemini.is_nested_subagent_file(file):
+                continue
+            if file.is_file():
+                found.append(file)
+        elif name.endswith(".json"):
+            if "chats" in file.parts and not gemini.is_nested_subagent_file(file):
+                if file.is_file():
+                    found.append(file)
+        elif opencode.is_database(file) and file.is_file():
+            sessions = _database_sessions(file)
+            in_databases.update(session.name for session in sessions)
+            found += sessions
+    storage_folders = sorted(
+        {file.parent for file in folder.rglob("ses_*.json") if opencode.storage_session(file)}
+    )
+    for storage in storage_folders:
+        for session in opencode.storage_sessions(storage):
+            if session.stem not in in_databases:
+                found.append(session)
+    return found
 
 
 def file_sha256(path: Path) -> str:
@@ -179,17 +235,23 @@ def prepare_file(
         prepared.error = unstorable
         return prepared
     try:
-        stat = path.stat()
-        prepared.size = stat.st_size
-        if prepared.size > max_bytes:
-            prepared.error = f"{path}: {_megabytes(prepared.size)} is larger than the transcript limit of {_megabytes(max_bytes)}."
-            return prepared
-        with path.open("rb") as handle:
-            data = handle.read(max_bytes + 1)
+        assembled = opencode.is_assembled(path)
+        if not assembled:
+            stat = path.stat()
+            prepared.size = stat.st_size
+            if prepared.size > max_bytes:
+                prepared.error = f"{path}: {_megabytes(prepared.size)} is larger than the transcript limit of {_megabytes(max_bytes)}."
+                return prepared
+        # An OpenCode session in a database or a storage folder is assembled from many
+        # records: its bytes are that document, and no one file's mtime vouches for it.
+        data, assembled = read_source(path, max_bytes=max_bytes)
+    except TranscriptError as exc:
+        prepared.error = str(exc) if str(path) in str(exc) else f"{path}: {exc}"
+        return prepared
     except OSError as exc:
         prepared.error = f"{path}: cannot read ({exc.strerror})."
         return prepared
-    if time.time_ns() - stat.st_mtime_ns > RACY_MTIME_NS:
+    if not assembled and time.time_ns() - stat.st_mtime_ns > RACY_MTIME_NS:
         prepared.mtime_ns = stat.st_mtime_ns
     prepared.size = len(data)
     prepared.sha256 = hashlib.sha256(data).hexdigest()
@@ -369,7 +431,7 @@ def _fork_context() -> multiprocessing.context.BaseContext | None:
 
 
 def _same_stat(path: Path, thread: Thread) -> bool:
-    if thread.source_mtime_ns is None:
+    if thread.source_mtime_ns is None or opencode.is_assembled(path):
         return False
     try:
         stat = path.stat()
@@ -629,12 +691,14 @@ def _save_thread(
 # Turn's columns as the workers hand them over, the JSON ones already serialised.
 TURN_COLUMNS = (
     "index", "message_uuid", "timestamp", "request", "request_as_sent", "rolled_back",
-    "models_used", "usage_by_model", "long_context_usage", "priced_as", *TOKEN_FIELDS,
-    "cost_usd", "seconds", "model_seconds", "last_answer_at", "evidence", "final_answer",
+    "models_used", "usage_by_model", "long_context_usage", "priced_as", "recorded_costs",
+    *TOKEN_FIELDS, "cost_usd", "seconds", "model_seconds", "last_answer_at", "evidence",
+    "final_answer",
 )  # fmt: skip
 JSON_COLUMNS = frozenset(
-    {"models_used", "usage_by_model", "long_context_usage", "priced_as", "evidence"}
-)
+    {"models_used", "usage_by_model", "long_context_usage", "priced_as", "recorded_costs",
+     "evidence"}
+)  # fmt: skip
 
 
 def usage_json(usage_by_model: dict[str, TokenUsage]) -> dict[str, dict[str, int]]:
@@ -653,6 +717,21 @@ def usage_from_json(raw: dict[str, dict[str, int]]) -> dict[str, TokenUsage]:
     return {model: TokenUsage(**usage) for model, usage in raw.items()}
 
 
+def recorded_json(recorded: dict[str, RecordedCost]) -> dict[str, dict[str, Any]]:
+    """RecordedCost per model as JSON: the dollars as exact decimal text."""
+    return {
+        model: {"usd": str(cost.usd), "usage": cost.usage.as_dict()}
+        for model, cost in recorded.items()
+    }
+
+
+def recorded_from_json(raw: dict[str, dict[str, Any]]) -> dict[str, RecordedCost]:
+    return {
+        model: RecordedCost(Decimal(entry["usd"]), TokenUsage(**entry["usage"]))
+        for model, entry in raw.items()
+    }
+
+
 def long_context_from_json(raw: dict[str, dict[str, dict[str, int]]]) -> LongContextUsage:
     return {
         model: {int(size): TokenUsage(**usage) for size, usage in by_size.items()}
@@ -664,7 +743,9 @@ def _turn_values(
     turn: ParsedTurn, table: pricing.PriceTable, prices: dict[str, pricing.PriceMatch | None]
 ) -> dict[str, Any]:
     usage = turn.usage
-    cost, priced_as = _turn_cost(turn.usage_by_model, turn.long_context_usage, table, prices)
+    cost, priced_as = _turn_cost(
+        turn.usage_by_model, turn.long_context_usage, table, prices, turn.recorded_costs
+    )
     return {
         "index": turn.index,
         "message_uuid": turn.message_uuid,  # unique and within the column (the parsers see to it)
@@ -676,6 +757,7 @@ def _turn_values(
         "usage_by_model": usage_json(turn.usage_by_model),
         "long_context_usage": long_context_json(turn.long_context_usage),
         "priced_as": priced_as,
+        "recorded_costs": recorded_json(turn.recorded_costs),
         "input_tokens": usage.input_tokens,
         "output_tokens": usage.output_tokens,
         "cache_read_tokens": usage.cache_read_tokens,
@@ -795,16 +877,29 @@ def _turn_cost(
     long_context: LongContextUsage,
     table: pricing.PriceTable,
     prices: dict[str, pricing.PriceMatch | None] | None = None,
+    recorded: dict[str, RecordedCost] | None = None,
 ) -> tuple[Decimal | None, dict[str, str | None]]:
     """pricing.turn_cost_usd and pricing.priced_as in one pass, with each model matched once
-    per file (`prices` keeps the matches: a match tries several spellings of the name)."""
-    # Always from the price table (not an old transcript's own costUSD), so that
-    # update_prices can re-price every turn the same way.
+    per file (`prices` keeps the matches: a match tries several spellings of the name).
+
+    The cost a tool recorded itself (`recorded`: OpenCode's, pi's) is the cost of the usage
+    it covers; a model's usage it does not cover is priced from the table. A model all of
+    whose usage the tool priced shows pricing.RECORDED_ENTRY."""
+    # From the price table, not an old Claude transcript's own costUSD, so that update_prices
+    # can re-price every turn the same way; a figure OpenCode or pi recorded stays theirs.
     prices = {} if prices is None else prices
+    recorded = recorded or {}
     total: Decimal | None = Decimal(0)
     entries: dict[str, str | None] = {}
     for model, usage in usage_by_model.items():
         if usage.total == 0:
+            continue
+        own = recorded.get(model)
+        rest = usage - own.usage if own is not None else usage
+        if own is not None and total is not None:
+            total += own.usd
+        if own is not None and rest.total <= 0:
+            entries[model] = pricing.RECORDED_ENTRY
             continue
         if model not in prices:
             prices[model] = table.match(model)
@@ -813,7 +908,7 @@ def _turn_cost(
         if found is None:
             total = None  # one unknown model makes the turn's cost unknown
         elif total is not None:
-            total += found.price.cost_usd(usage, long_context.get(model))
+            total += found.price.cost_usd(rest, long_context.get(model))
     return total, entries
 
 
@@ -822,12 +917,14 @@ def _pre_turn_values(
 ) -> dict[str, Any]:
     """The usage no turn served, as the Thread's pre_turn_* fields and its sums."""
     cost, priced_as = _turn_cost(
-        parsed.pre_turn_usage_by_model, parsed.pre_turn_long_context_usage, table, prices
-    )
+        parsed.pre_turn_usage_by_model, parsed.pre_turn_long_context_usage, table, prices,
+        parsed.pre_turn_recorded_costs,
+    )  # fmt: skip
     usage = sum(parsed.pre_turn_usage_by_model.values(), TokenUsage())
     return {
         "pre_turn_usage_by_model": usage_json(parsed.pre_turn_usage_by_model),
         "pre_turn_long_context_usage": long_context_json(parsed.pre_turn_long_context_usage),
+        "pre_turn_recorded_costs": recorded_json(parsed.pre_turn_recorded_costs),
         "cost_usd": cost,
         "priced_as": priced_as,
         "models_used": list(parsed.pre_turn_usage_by_model),
@@ -855,6 +952,7 @@ def _totals(turns: list[dict[str, Any]], pre_turn: dict[str, Any]) -> dict[str, 
         "priced_as": priced_as,
         "pre_turn_usage_by_model": pre_turn["pre_turn_usage_by_model"],
         "pre_turn_long_context_usage": pre_turn["pre_turn_long_context_usage"],
+        "pre_turn_recorded_costs": pre_turn["pre_turn_recorded_costs"],
         "pre_turn_cost_usd": pre_turn["cost_usd"],
     }
 
@@ -879,6 +977,7 @@ def recompute_costs() -> int:
                     long_context_from_json(turn.long_context_usage),
                     table,
                     prices,
+                    recorded_from_json(turn.recorded_costs),
                 )
             Turn.objects.bulk_update(turns, ["cost_usd", "priced_as"])
             pre_turn_cost, priced_as = _turn_cost(
@@ -886,6 +985,7 @@ def recompute_costs() -> int:
                 long_context_from_json(thread.pre_turn_long_context_usage),
                 table,
                 prices,
+                recorded_from_json(thread.pre_turn_recorded_costs),
             )
             for turn in turns:
                 for model, entry in turn.priced_as.items():

@@ -122,6 +122,9 @@ class RunQuerySet(OwnedQuerySet):
 class SourceKind(models.TextChoices):
     CLAUDE_CODE = "claude_code", "Claude Code"
     CODEX = "codex", "Codex"
+    GEMINI = "gemini", "Gemini CLI"
+    OPENCODE = "opencode", "OpenCode"
+    PI = "pi", "pi"
 
 
 class Thread(TokenTotals):
@@ -154,6 +157,8 @@ class Thread(TokenTotals):
     # fields and cost_usd above count it, so they are the sum of every usage in the file.
     pre_turn_usage_by_model = models.JSONField(default=dict, blank=True)
     pre_turn_long_context_usage = models.JSONField(default=dict, blank=True)
+    # The costs the tool recorded itself for some of that usage, as Turn.recorded_costs.
+    pre_turn_recorded_costs = models.JSONField(default=dict, blank=True)
     # Its cost; null when its price is unknown.
     pre_turn_cost_usd = models.DecimalField(
         max_digits=USD_MAX_DIGITS,
@@ -235,6 +240,10 @@ class Turn(TokenTotals):
     long_context_usage = models.JSONField(default=dict, blank=True)
     # The price table's entry that priced each model ({model: entry or null}).
     priced_as = models.JSONField(default=dict, blank=True)
+    # The costs the tool recorded itself (OpenCode, pi), per model: {model: {"usd": "0.0123",
+    # "usage": {usage those requests spent}}}. That part of the model's cost is the tool's
+    # figure, the rest of its usage is priced from the table (transcripts.base.RecordedCost).
+    recorded_costs = models.JSONField(default=dict, blank=True)
     # Seconds from the request to the last answer that served it; null if never answered.
     seconds = models.FloatField(null=True, blank=True)
     # Time the model spent answering: each response from its request to its last line.

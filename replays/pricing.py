@@ -16,9 +16,9 @@ Long-context tiers: a model may charge more for a request whose own input passes
 dearer prices). The parsers keep the usage of such requests apart (LongContextUsage), so
 each request is priced by its own input.
 
-Model ids are matched as ccusage matches them: exactly; an OpenRouter ``:free`` id costs
-nothing; then without a provider prefix or a dated or versioned suffix; then the entry of
-the same model under any provider ("glm-5.1" -> "zai/glm-5.1"), or of the model the id
+Model ids are matched as ccusage matches them: exactly; an OpenRouter ``:free`` id (and an
+OpenCode Zen ``-free`` one, which ccusage prices) costs nothing; then without a provider
+prefix or a dated or versioned suffix; then the entry of the same model under any provider ("glm-5.1" -> "zai/glm-5.1"), or of the model the id
 extends ("claude-opus-4-6-thinking" -> "claude-opus-4-6", but never "claude-opus-4-6" ->
 "claude-opus-4"). ``PriceTable.match`` says which entry priced a model.
 """
@@ -89,7 +89,12 @@ _VERSION_SUFFIX_RE = re.compile(r"(?:-v\d+(?::\d+)?|\[[^\]]*\])$")
 _DATE_SUFFIX_RE = re.compile(r"(?:[-@]\d{8}|-\d{4}-\d{2}-\d{2})$")
 # OpenRouter's free variant of a model ("vendor/model:free"): it costs nothing.
 FREE_SUFFIX = ":free"
+# OpenCode Zen's and Go's free models end so ("deepseek-v4-flash-free"; LiteLLM prices its
+# opencode_go/*-free entries at $0): they cost nothing either.
+FREE_DASH_SUFFIX = "-free"
 FREE_ENTRY = ":free"  # the entry a free variant is priced by
+# priced_as of a model whose cost the tool recorded itself (OpenCode, pi): not the table's.
+RECORDED_ENTRY = ":recorded"
 # Bedrock's version of an id ("-v1:0") and a bracketed variant ("[1m]"): not the model's name.
 _ID_VERSION_RE = re.compile(r"(?:-v\d+:\d+|\[[^\]]*\])$")
 # What follows a model's name that makes another model, not a spelling of the same one: a
@@ -209,7 +214,7 @@ class PriceTable:
     def match(self, model: str) -> PriceMatch | None:
         """The entry that prices ``model``, None when none does (the cost is then unknown).
 
-        Order: the exact id; a ``:free`` id costs nothing; without a provider prefix
+        Order: the exact id; a ``:free`` or ``-free`` id costs nothing; without a provider prefix
         ("anthropic/", "bedrock/us.anthropic.", "-v1:0"), then without a date suffix
         ("-20250929", "-2025-08-07"), each exactly then case-insensitively; then the same
         model under any provider, or the model the id extends (see _family_match).
@@ -222,7 +227,7 @@ class PriceTable:
     def _match(self, model: str) -> PriceMatch | None:
         if model in self.prices:
             return PriceMatch(model, self.prices[model])
-        if model.strip().lower().endswith(FREE_SUFFIX):
+        if model.strip().lower().endswith((FREE_SUFFIX, FREE_DASH_SUFFIX)):
             return PriceMatch(FREE_ENTRY, FREE_PRICE)
         candidates = _spellings(model)
         for candidate in candidates:

@@ -160,7 +160,7 @@ def test_upload_of_a_non_transcript_shows_the_error_in_the_form(
     page.goto(live_server.url + "/threads/upload/")
     page.get_by_label("Transcript file").set_input_files(notes)
     page.get_by_role("button", name="Import").click()
-    expect(page.locator(".field-error")).to_contain_text("not a Claude Code or Codex transcript")
+    expect(page.locator(".field-error")).to_contain_text("not a session file of Claude Code, Codex, Gemini CLI, OpenCode or pi")
     assert not Thread.objects.exists()
 
 

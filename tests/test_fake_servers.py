@@ -243,13 +243,23 @@ def test_openai_stream_has_output_items_and_usage() -> None:
 
     events = sse(raw)
     assert status == 200 and headers["x-request-id"]
+    # Each item as the API streams it: added (empty), its pieces, done (whole).
     assert [name for name, _ in events] == [
         "response.created",
+        "response.output_item.added",
+        "response.reasoning_summary_part.added",
+        "response.reasoning_summary_text.delta",
+        "response.reasoning_summary_text.done",
         "response.output_item.done",
+        "response.output_item.added",
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.done",
         "response.output_item.done",
         "response.completed",
     ]
-    assert events[1][1]["item"]["type"] == "reasoning"
+    assert events[5][1]["item"]["type"] == "reasoning"
+    assert events[6][1]["item"]["arguments"] == ""
+    assert events[7][1]["delta"] == call["arguments"]
     assert (call["name"], json.loads(call["arguments"])) == ("exec_command", {"cmd": "ls"})
     assert events[-1][1]["response"]["usage"] == {
         "input_tokens": 5000,
@@ -259,7 +269,7 @@ def test_openai_stream_has_output_items_and_usage() -> None:
         "total_tokens": 5300,
     }
     second = sse(second_raw)
-    message = second[1][1]["item"]
+    message = next(e["item"] for name, e in second if name == "response.output_item.done")
     assert message["type"] == "message" and message["content"][0] == {
         "type": "output_text",
         "text": "done",

@@ -134,7 +134,7 @@ def test_a_file_that_is_not_a_transcript_is_refused_and_leaves_nothing(tmp_path:
             stderr=err,
         )
     assert "notes.jsonl" in err.getvalue()
-    assert "not a Claude Code or Codex transcript" in err.getvalue()
+    assert "not a session file of Claude Code, Codex, Gemini CLI, OpenCode or pi" in err.getvalue()
     assert Thread.objects.count() == 0
 
 

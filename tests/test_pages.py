@@ -562,7 +562,7 @@ def test_upload_of_a_non_transcript_shows_the_error(logged_in_client: Any) -> No
     assert response.status_code == 400
     page = response.content.decode()
     assert "notes.txt" in page
-    assert "not a Claude Code or Codex transcript" in page
+    assert "not a session file of Claude Code, Codex, Gemini CLI, OpenCode or pi" in page
     assert not Thread.objects.exists()
 
 

@@ -131,7 +131,7 @@ def test_real_sessions_import_read_right_and_agree_with_ccusage(
     assert outcome.imported == len(realdata.transcript_files(folder))
     assert outcome.accepted_others == []
     assert outcome.refused and all(
-        "is not UTF-8 text" in line or "is not a Claude Code or Codex transcript" in line
+        "is not UTF-8 text" in line or "is not a session file of Claude Code, Codex, Gemini CLI, OpenCode or pi" in line
         for line in outcome.refused
     )
 

@@ -13,6 +13,7 @@ import posixpath
 from bisect import bisect_left
 from dataclasses import dataclass, field
 from datetime import datetime
+from decimal import Decimal
 from typing import Any
 
 # --- what a transcript may claim ----------------------------------------------------
@@ -215,6 +216,45 @@ def add_usage(
             into[threshold] = usage if previous is None else previous + usage
 
 
+@dataclass(slots=True)
+class RecordedCost:
+    """The cost a tool recorded itself for some of one model's requests (OpenCode's `cost`,
+    pi's `usage.cost.total`), and the usage those requests spent: the importer prices only
+    the rest of the model's usage from the price table."""
+
+    usd: Decimal
+    usage: TokenUsage
+
+    def __add__(self, other: RecordedCost) -> RecordedCost:
+        return RecordedCost(self.usd + other.usd, self.usage + other.usage)
+
+
+def add_recorded(
+    usage_by_model: dict[str, TokenUsage],
+    recorded: dict[str, RecordedCost],
+    model: str,
+    usage: TokenUsage,
+    usd: Decimal,
+) -> None:
+    """Count one request whose cost the tool recorded: its usage (not in any long-context
+    sum: the price table does not price it) and its cost."""
+    previous = usage_by_model.get(model)
+    usage_by_model[model] = usage if previous is None else previous + usage
+    cost = RecordedCost(usd, usage)
+    recorded[model] = cost if model not in recorded else recorded[model] + cost
+
+
+def recorded_usd(value: object) -> Decimal | None:
+    """A cost a tool recorded (a JSON number of dollars) as an exact Decimal; None when it
+    is no number, negative, or past what one line may cost (MAX_LINE_COST_USD)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if value != value or value < 0 or value > MAX_LINE_COST_USD:  # NaN, negative, absurd
+        return None
+    # repr: the shortest decimal that reads back as the same float (0.1, not 0.1000000000000000055).
+    return Decimal(repr(value)) if isinstance(value, float) else Decimal(value)
+
+
 @dataclass
 class ParsedTurn:
     """One real user request and the assistant work that answered it."""
@@ -240,6 +280,9 @@ class ParsedTurn:
     last_answer_at: datetime | None = None
     # Cost the tool itself recorded (Claude's costUSD on lines, when present), else None.
     recorded_cost_usd: float | None = None
+    # Per model, the cost the tool recorded for the requests it priced itself (OpenCode,
+    # pi) and their usage: that cost is the turn's, the rest is priced from the table.
+    recorded_costs: dict[str, RecordedCost] = field(default_factory=dict)
     # Time the model spent answering: for each API response, from the request it
     # answered (the prompt or the tool result before it) to its last line. None when
     # the transcript does not tell.
@@ -257,6 +300,9 @@ class ParsedTurn:
 
     def add_request(self, model: str, usage: TokenUsage, input_size: int | None = None) -> None:
         add_request(self.usage_by_model, self.long_context_usage, model, usage, input_size)
+
+    def add_recorded_request(self, model: str, usage: TokenUsage, usd: Decimal) -> None:
+        add_recorded(self.usage_by_model, self.recorded_costs, model, usage, usd)
 
     @property
     def models(self) -> list[str]:
@@ -278,12 +324,12 @@ class ParsedTurn:
 
 @dataclass
 class ParsedThread:
-    kind: str  # "claude_code" | "codex"
+    kind: str  # "claude_code" | "codex" | "gemini" | "opencode" | "pi"
     session_id: str
     title: str
     cwd: str
     git_branch: str
-    git_commit: str  # Codex records the commit; empty for Claude Code
+    git_commit: str  # Codex records the commit; empty for the others
     repository_url: str
     cli_version: str
     started_at: datetime | None
@@ -296,6 +342,10 @@ class ParsedThread:
     # count it, so they equal the sum of every usage the file records.
     pre_turn_usage_by_model: dict[str, TokenUsage] = field(default_factory=dict)
     pre_turn_long_context_usage: LongContextUsage = field(default_factory=dict)
+    pre_turn_recorded_costs: dict[str, RecordedCost] = field(default_factory=dict)
+
+    def add_pre_turn_recorded_request(self, model: str, usage: TokenUsage, usd: Decimal) -> None:
+        add_recorded(self.pre_turn_usage_by_model, self.pre_turn_recorded_costs, model, usage, usd)
 
     def add_pre_turn_request(
         self, model: str, usage: TokenUsage, input_size: int | None = None

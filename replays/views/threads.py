@@ -125,6 +125,8 @@ class PricedModel:
             return "unknown price"
         if self.entry == pricing.FREE_ENTRY:
             return "free variant: $0"
+        if self.entry == pricing.RECORDED_ENTRY:
+            return "cost as the agent recorded it"
         return f"priced as {self.entry}"
 
     @property
@@ -133,6 +135,8 @@ class PricedModel:
             return "No tokens used"
         if self.entry is None:
             return "No entry of the price table matches this model: its cost is unknown"
+        if self.entry == pricing.RECORDED_ENTRY:
+            return "The agent recorded this model's cost itself (OpenCode, pi): it is shown as recorded"
         return f"Price table entry: {self.entry}"
 
 

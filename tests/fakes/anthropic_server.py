@@ -131,6 +131,16 @@ def shell_arguments(arguments: dict[str, Any]) -> dict[str, Any]:
     return {"description": "Run a command", **arguments}
 
 
+def _takes(tools: list[JSON], name: str, parameter: str) -> bool:
+    """Whether the offered tool `name` has `parameter` (Claude Code's and OpenCode's shell
+    tools want a description; pi's takes none)."""
+    for tool in tools:
+        if tool.get("name") == name:
+            schema = tool.get("input_schema") or {}
+            return parameter in (schema.get("properties") or {})
+    return False
+
+
 class AnthropicServer(ScriptedServer):
     def handle(self, ex: Exchange) -> None:
         path, method = ex.path, ex.request.method
@@ -184,8 +194,7 @@ class AnthropicServer(ScriptedServer):
         }
         ex.send_json(error.status, body, {"request-id": request_id, **error.headers})
 
-    @staticmethod
-    def _blocks(record: RecordedResponse) -> list[JSON]:
+    def _blocks(self, record: RecordedResponse) -> list[JSON]:
         step = record.step
         blocks: list[JSON] = []
         if isinstance(step, (Text, ToolCall)) and step.reasoning:
@@ -198,7 +207,9 @@ class AnthropicServer(ScriptedServer):
             if step.text:
                 blocks.append({"type": "text", "text": step.text})
             arguments = dict(step.arguments)
-            if step.tool == "shell" and record.tool_name == "Bash":
+            if step.tool == "shell" and _takes(
+                self._tools(record), record.tool_name, "description"
+            ):
                 arguments = shell_arguments(arguments)
             blocks.append(
                 {
@@ -209,6 +220,10 @@ class AnthropicServer(ScriptedServer):
                 }
             )
         return blocks
+
+    def _tools(self, record: RecordedResponse) -> list[JSON]:
+        body = self.requests[record.request_index].body or {}
+        return [tool for tool in body.get("tools") or [] if isinstance(tool, dict)]
 
     def _message(self, record: RecordedResponse) -> JSON:
         usage = record.step.usage if isinstance(record.step, (Text, ToolCall)) else Usage()

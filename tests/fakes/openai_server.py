@@ -272,6 +272,14 @@ class OpenAIServer(ScriptedServer):
         )
         items = self._items(record, body)
         for index, item in enumerate(items):
+            # As the API streams an item: added (empty), its pieces, done (whole). Codex reads
+            # the done items; pi builds each item from the added one and its deltas.
+            yield (
+                "response.output_item.added",
+                {"type": "response.output_item.added", "output_index": index,
+                 "item": _started(item)},
+            )  # fmt: skip
+            yield from _item_pieces(item, index)
             yield (
                 "response.output_item.done",
                 {"type": "response.output_item.done", "output_index": index, "item": item},
@@ -282,6 +290,69 @@ class OpenAIServer(ScriptedServer):
                 "type": "response.completed",
                 "response": self._response(record, body, "completed", items),
             },
+        )
+
+
+def _started(item: JSON) -> JSON:
+    """An output item as `response.output_item.added` announces it: nothing in it yet."""
+    if item["type"] == "message":
+        return {**item, "status": "in_progress", "content": []}
+    if item["type"] == "reasoning":
+        return {**item, "summary": []}
+    if item["type"] == "function_call":
+        return {**item, "status": "in_progress", "arguments": ""}
+    return item
+
+
+def _item_pieces(item: JSON, index: int) -> Iterator[tuple[str, JSON]]:
+    """The events between an item's added and done: its text or arguments as deltas."""
+    item_id = item.get("id", "")
+    if item["type"] == "message":
+        for part_index, part in enumerate(item.get("content") or []):
+            empty = {**part, "text": ""}
+            where = {"item_id": item_id, "output_index": index, "content_index": part_index}
+            yield (
+                "response.content_part.added",
+                {"type": "response.content_part.added", **where, "part": empty},
+            )
+            yield (
+                "response.output_text.delta",
+                {"type": "response.output_text.delta", **where, "delta": part["text"]},
+            )
+            yield (
+                "response.output_text.done",
+                {"type": "response.output_text.done", **where, "text": part["text"]},
+            )
+            yield (
+                "response.content_part.done",
+                {"type": "response.content_part.done", **where, "part": part},
+            )
+    elif item["type"] == "reasoning":
+        for part_index, part in enumerate(item.get("summary") or []):
+            where = {"item_id": item_id, "output_index": index, "summary_index": part_index}
+            empty = {**part, "text": ""}
+            yield (
+                "response.reasoning_summary_part.added",
+                {"type": "response.reasoning_summary_part.added", **where, "part": empty},
+            )
+            yield (
+                "response.reasoning_summary_text.delta",
+                {"type": "response.reasoning_summary_text.delta", **where, "delta": part["text"]},
+            )
+            yield (
+                "response.reasoning_summary_text.done",
+                {"type": "response.reasoning_summary_text.done", **where, "text": part["text"]},
+            )
+    elif item["type"] == "function_call":
+        where = {"item_id": item_id, "output_index": index}
+        arguments = item.get("arguments", "")
+        yield (
+            "response.function_call_arguments.delta",
+            {"type": "response.function_call_arguments.delta", **where, "delta": arguments},
+        )
+        yield (
+            "response.function_call_arguments.done",
+            {"type": "response.function_call_arguments.done", **where, "arguments": arguments},
         )
 
 

@@ -86,12 +86,14 @@ StepSource = Step | Callable[[JSON], Step]
 Script = Sequence[StepSource] | Callable[[JSON], Step]
 
 # Tool kinds, with the names each CLI uses for them, in order of preference.
+# Claude Code's tools are capitalised, OpenCode's and pi's lower case, Gemini CLI's its own
+# (tests/fakes/gemini_server.py).
 TOOL_KINDS: dict[str, tuple[str, ...]] = {
-    "shell": ("Bash", "exec_command", "shell_command", "shell", "local_shell"),
-    "edit": ("Edit", "MultiEdit"),
-    "write": ("Write",),
-    "read": ("Read",),
-    "agent": ("Task", "Agent"),
+    "shell": ("Bash", "exec_command", "shell_command", "shell", "local_shell", "bash"),
+    "edit": ("Edit", "MultiEdit", "edit"),
+    "write": ("Write", "write"),
+    "read": ("Read", "read"),
+    "agent": ("Task", "Agent", "task"),
     "patch": ("apply_patch",),
 }
 
