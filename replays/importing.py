@@ -108,7 +108,10 @@ def default_transcript_roots() -> list[Path]:
 
     def listed(name: str, below: str = "") -> list[Path]:
         folders = [item.strip() for item in os.environ.get(name, "").split(",") if item.strip()]
-        return [Path(folder).expanduser() / below if below else Path(folder).expanduser() for folder in folders]
+        return [
+            Path(folder).expanduser() / below if below else Path(folder).expanduser()
+            for folder in folders
+        ]
 
     roots += listed("CLAUDE_CONFIG_DIR", "projects")
     roots += [home / ".claude" / "projects", home / ".config" / "claude" / "projects"]

@@ -204,7 +204,7 @@ def sample_repo(tmp_path: Path) -> Path:
 
     repo = tmp_path / "textstats"
     subprocess.run(["git", "clone", "-q", str(SAMPLE_BUNDLE), str(repo)], check=True)
-    for branch in ("main", "feature/cli"):
+    for branch in ("main", "feature/cli", "feature/gemini", "feature/opencode", "feature/pi"):
         subprocess.run(
             ["git", "-C", str(repo), "branch", "-q", "-f", branch, f"origin/{branch}"],
             check=False,

@@ -1,15 +1,18 @@
-"""Our per-session costs agree with ccusage (the npm package, run offline) within 1%."""
+"""Our per-session costs agree with ccusage (the npm package, run offline): within 1% for
+Claude Code and Codex, to the micro-dollar for Gemini CLI, OpenCode and pi."""
 
 from __future__ import annotations
 
 import json
 import os
 import subprocess
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
 from django.core.management import call_command
 
+from replays import importing, pricing
 from replays.models import Thread
 from tests.conftest import NODE_BIN, REAL_TRANSCRIPTS, importer, require_tool
 
@@ -66,3 +69,57 @@ def test_codex_session_costs_match_ccusage(imported: None, tmp_path: Path) -> No
         assert thread.cache_read_tokens == row["cacheReadTokens"]
         assert thread.input_tokens == row["inputTokens"]
         assert thread.output_tokens == row["outputTokens"]
+
+
+# Gemini CLI, OpenCode and pi: ccusage's `<tool> session` on the same homes. Equal to the
+# micro-dollar, and token for token: what ccusage counts beyond its four kinds (Gemini's
+# thoughts, OpenCode's reasoning, the rest of pi's totalTokens) it prices as output, and we
+# count it as output.
+MORE_SOURCES = {
+    "gemini": ("GEMINI_DATA_DIR", "gemini/tmp"),
+    "opencode": ("OPENCODE_DATA_DIR", "opencode"),
+    "pi": ("PI_AGENT_DIR", "pi/agent/sessions"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(MORE_SOURCES))
+def test_gemini_opencode_and_pi_session_costs_match_ccusage(
+    imported: None, tmp_path: Path, kind: str
+) -> None:
+    variable, folder = MORE_SOURCES[kind]
+    report = ccusage(
+        [kind, "session"], {variable: str(REAL_TRANSCRIPTS / folder), "HOME": str(tmp_path)}
+    )
+    assert report["sessions"], f"ccusage found no {kind} sessions"
+    for row in report["sessions"]:
+        thread = Thread.objects.get(source_kind=kind, session_id=row["sessionId"])
+        assert thread.cost_usd == pricing.round_usd(Decimal(repr(row["totalCost"]))), row[
+            "sessionId"
+        ]
+        beyond = row["totalTokens"] - sum(
+            row[key]
+            for key in ("inputTokens", "outputTokens", "cacheReadTokens", "cacheCreationTokens")
+        )
+        assert (thread.input_tokens, thread.cache_read_tokens, thread.output_tokens) == (
+            row["inputTokens"], row["cacheReadTokens"], row["outputTokens"] + beyond
+        )  # fmt: skip
+        assert (
+            thread.cache_write_5m_tokens + thread.cache_write_1h_tokens
+            == row["cacheCreationTokens"]
+        )
+
+
+def test_opencode_and_pi_costs_are_the_tools_own_figures(imported: None) -> None:
+    # Both record what each request cost: that figure is the thread's, shown as such, and
+    # re-pricing from the table leaves it alone.
+    for kind in ("opencode", "pi"):
+        thread = Thread.objects.get(source_kind=kind)
+        assert set(thread.priced_as.values()) == {pricing.RECORDED_ENTRY}, kind
+        turn = thread.turns.order_by("index").first()
+        assert turn is not None and turn.recorded_costs
+        recorded = sum(Decimal(entry["usd"]) for entry in turn.recorded_costs.values())
+        assert turn.cost_usd == pricing.round_usd(recorded)
+    before = {t.pk: t.cost_usd for t in Thread.objects.filter(source_kind__in=["opencode", "pi"])}
+    importing.recompute_costs()
+    after = {t.pk: t.cost_usd for t in Thread.objects.filter(source_kind__in=["opencode", "pi"])}
+    assert after == before

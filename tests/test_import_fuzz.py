@@ -1,4 +1,5 @@
-"""Both transcript parsers, and the import on top of them, fuzzed with hypothesis.
+"""The JSONL transcript parsers (Claude Code, Codex, Gemini CLI, pi), and the import on top
+of them, fuzzed with hypothesis.
 
 Each example is a real fixture file (tests/fixtures/transcripts/real/) with a few
 lines mutated: a value somewhere in a line replaced by a hostile one (huge or
@@ -45,7 +46,7 @@ REAL_FILES = {
         for s in MANIFEST["sessions"]
         if s["kind"] == kind
     ]
-    for kind in ("claude_code", "codex")
+    for kind in ("claude_code", "codex", "gemini", "pi")
 }
 
 PARSER_EXAMPLES = 120
@@ -70,11 +71,16 @@ KEYS = [
     "cache_creation", "ephemeral_5m_input_tokens", "ephemeral_1h_input_tokens", "payload",
     "info", "total_token_usage", "last_token_usage", "cached_input_tokens", "turn_id",
     "response_id", "item", "item_type", "images", "kind", "cli_version", "git",
+    # Gemini CLI's and pi's
+    "tokens", "cached", "thoughts", "tool", "total", "toolCalls", "$set", "$rewindTo",
+    "projectHash", "displayContent", "startTime", "cacheRead", "cacheWrite", "totalTokens",
+    "cost", "toolCallId", "parentId", "arguments", "args", "status",
 ]  # fmt: skip
 LINE_TYPES = [
     "user", "assistant", "summary", "ai-title", "session_meta", "turn_context", "event_msg",
     "response_item", "token_usage_record", "user_message", "item_completed", "UserMessage",
     "token_count", "task_started", "message", "function_call_output",
+    "gemini", "info", "session", "model_change", "toolResult", "toolCall",
 ]  # fmt: skip
 HOSTILE_SCALARS = [
     10**12, 10**12 + 1, 10**13, 2**63 - 1, 2**63, 2**64, -1, 1e300, -0.0, 0.5,
@@ -233,7 +239,7 @@ def parse_or_refuse(path: Path) -> ParsedThread | None:
 # --- the parsers alone: many examples --------------------------------------------------
 
 
-@pytest.mark.parametrize("kind", ["claude_code", "codex"])
+@pytest.mark.parametrize("kind", ["claude_code", "codex", "gemini", "pi"])
 def test_a_parser_only_ever_reports_bad_lines_or_refuses_the_file(kind: str) -> None:
     @fuzz_settings(PARSER_EXAMPLES)
     @given(example=transcripts(kind))
@@ -251,7 +257,7 @@ def test_a_parser_only_ever_reports_bad_lines_or_refuses_the_file(kind: str) -> 
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("kind", ["claude_code", "codex"])
+@pytest.mark.parametrize("kind", ["claude_code", "codex", "gemini", "pi"])
 def test_an_import_never_crashes_and_never_half_writes_a_thread(kind: str, api_client: Any) -> None:
     @fuzz_settings(IMPORT_EXAMPLES)
     @given(example=transcripts(kind))

@@ -195,9 +195,37 @@ def test_no_path_looks_where_the_tools_keep_sessions(tmp_path: Path, monkeypatch
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.setenv("CLAUDE_CONFIG_DIR", str(real / "claude"))
     monkeypatch.setenv("CODEX_HOME", str(real / "codex"))
+    monkeypatch.setenv("GEMINI_DATA_DIR", str(real / "gemini" / "tmp"))
+    monkeypatch.setenv("OPENCODE_DATA_DIR", str(real / "opencode"))
+    monkeypatch.setenv("PI_AGENT_DIR", str(real / "pi" / "agent" / "sessions"))
     out, _ = run_import()
     assert str(real / "claude" / "projects") in out
+    assert str(real / "opencode") in out
     assert f"{len(SESSIONS)} new" in out
+    assert {thread.source_kind for thread in Thread.objects.all()} == {
+        "claude_code", "codex", "gemini", "opencode", "pi"
+    }  # fmt: skip
+
+
+def test_each_tool_is_looked_for_in_its_default_home(tmp_path: Path, monkeypatch) -> None:
+    # Gemini CLI's ~/.gemini/tmp, OpenCode's ~/.local/share/opencode (its database), pi's
+    # ~/.pi/agent/sessions: found with no path and no variable.
+    real = copy_real_fixtures(tmp_path)
+    home = tmp_path / "home"
+    for variable in ("CLAUDE_CONFIG_DIR", "CODEX_HOME", "GEMINI_DATA_DIR", "OPENCODE_DATA_DIR",
+                     "PI_AGENT_DIR", "PI_CODING_AGENT_DIR", "XDG_DATA_HOME"):  # fmt: skip
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setenv("HOME", str(home))
+    shutil.copytree(real / "gemini", home / ".gemini")
+    shutil.copytree(real / "opencode", home / ".local" / "share" / "opencode")
+    shutil.copytree(real / "pi", home / ".pi")
+    out, _ = run_import()
+    assert "3 files: 3 new" in out
+    assert sorted(Thread.objects.values_list("source_kind", flat=True)) == [
+        "gemini",
+        "opencode",
+        "pi",
+    ]
 
 
 def test_an_unknown_model_has_unknown_cost_not_zero(tmp_path: Path) -> None:

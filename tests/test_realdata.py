@@ -131,7 +131,8 @@ def test_real_sessions_import_read_right_and_agree_with_ccusage(
     assert outcome.imported == len(realdata.transcript_files(folder))
     assert outcome.accepted_others == []
     assert outcome.refused and all(
-        "is not UTF-8 text" in line or "is not a session file of Claude Code, Codex, Gemini CLI, OpenCode or pi" in line
+        "is not UTF-8 text" in line
+        or "is not a session file of Claude Code, Codex, Gemini CLI, OpenCode or pi" in line
         for line in outcome.refused
     )
 
@@ -209,3 +210,46 @@ def test_a_grown_real_file_is_updated_in_place(folder: Path, tmp_path: Path) -> 
         fresh.totals[name] for name in ("input_tokens", "output_tokens", "cache_read_tokens",
                                         "cache_write_5m_tokens", "cache_write_1h_tokens")
     )  # fmt: skip
+
+
+@pytest.fixture
+def more(folder: Path) -> Path:
+    found = folder / "more"
+    if not found.is_dir():
+        pytest.skip(
+            f"{found} is not there (Gemini CLI, OpenCode and pi sessions, docs/realdata.md)"
+        )
+    return found
+
+
+def test_gemini_opencode_and_pi_sessions_import_and_agree_with_ccusage(more: Path) -> None:
+    user = importer()
+    outcome = realdata.cross_check_more(more, user)
+    print("\n".join(realdata.report(outcome)))
+
+    # Every session of the three homes imports (a prompt log and sub-agents' own files are
+    # not sessions of their own), none with a skipped line.
+    assert outcome.failed == []
+    assert outcome.imported == len(realdata.more_files(more)) == 42
+    assert "0 lines skipped" in outcome.summary
+    assert set(Thread.objects.filter(owner=user).values_list("source_kind", flat=True)) == {
+        "gemini", "opencode", "pi"
+    }  # fmt: skip
+
+    unexplained = [row for row in outcome.rows if row.differences and not row.known]
+    assert unexplained == [], [(row.short, row.differences) for row in unexplained]
+    stale = [row.short for row in outcome.rows if row.known and not row.differences]
+    assert stale == []
+    agreeing = [row for row in outcome.rows if row.theirs is not None and row.agrees]
+    assert len(agreeing) == 27
+
+    # What ccusage does not check: OpenCode's and pi's own costs are kept as theirs, and the
+    # Gemini CLI session continued in a second file is two threads of one session.
+    threads = Thread.objects.filter(owner=user)
+    for thread in threads.filter(source_kind="pi"):
+        assert set(thread.priced_as.values()) <= {pricing.RECORDED_ENTRY}, thread.session_id
+    assert threads.filter(source_kind="gemini", session_id__startswith="b0c89930").count() == 2
+
+    # Re-importing changes nothing.
+    again = list(importing.import_files(paths=realdata.more_files(more), user=user))
+    assert {result.outcome for result in again} == {"unchanged"}

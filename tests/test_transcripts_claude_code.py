@@ -490,7 +490,10 @@ def test_long_requests_are_counted_apart_for_long_context_prices(tmp_path: Path)
     ],
 )
 def test_files_that_are_not_transcripts_are_refused_by_name(name: str) -> None:
-    with pytest.raises(TranscriptError, match=f"{name} is not a session file of Claude Code, Codex, Gemini CLI, OpenCode or pi"):
+    with pytest.raises(
+        TranscriptError,
+        match=f"{name} is not a session file of Claude Code, Codex, Gemini CLI, OpenCode or pi",
+    ):
         parse_transcript(EDGE / name)
 
 

@@ -423,6 +423,28 @@ def text_sha256(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
+def shell_item(tool: str, command: str) -> dict[str, Any]:
+    """The evidence of a shell command the agent ran (cut to MAX_EVIDENCE_COMMAND_CHARS)."""
+    return {"kind": "shell", "tool": tool, "command": command[:MAX_EVIDENCE_COMMAND_CHARS],
+            "cut": len(command) > MAX_EVIDENCE_COMMAND_CHARS}  # fmt: skip
+
+
+def edit_item(
+    tool: str, path: str, old: str, new: str, *, every: bool = False, before: str | None = None
+) -> dict[str, Any]:
+    """The evidence of one replacement in a file (`every`: of each occurrence)."""
+    return {"kind": "edit", "tool": tool, "path": path, "old": kept_text(old),
+            "new": kept_text(new), "all": every, "before": before}  # fmt: skip
+
+
+def write_item(
+    tool: str, path: str, text: str, *, created: bool | None = None, before: str | None = None
+) -> dict[str, Any]:
+    """The evidence of a whole file written."""
+    return {"kind": "write", "tool": tool, "path": path, "text": kept_text(text),
+            "created": created, "before": before}  # fmt: skip
+
+
 @dataclass
 class Evidence:
     """One turn's evidence: items in order (dicts, stored as JSON on Turn.evidence).

@@ -434,6 +434,28 @@ def token_count(container: dict[str, Any], key: str) -> int:
     return int(value)
 
 
+def token_counts(container: dict[str, Any], keys: tuple[str, ...], where: str) -> list[int]:
+    """token_count of each of `keys`; the ValueError names the field as `where.key`."""
+    try:
+        return [token_count(container, key) for key in keys]
+    except TokensOutOfRange:
+        raise
+    except ValueError as exc:
+        raise ValueError(f"{where}.{exc}") from None
+
+
+def epoch_ms(value: object) -> datetime | None:
+    """A time written as milliseconds since the epoch (OpenCode's, pi's), or None when it is
+    not one or lies outside [EARLIEST_TIMESTAMP, LATEST_TIMESTAMP)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+        return None
+    try:
+        at = datetime.fromtimestamp(value / 1000, tz=UTC)
+    except (OverflowError, OSError, ValueError):
+        return None
+    return at if EARLIEST_TIMESTAMP <= at < LATEST_TIMESTAMP else None
+
+
 def _final_usage(counted: TokenUsage, line: TokenUsage) -> TokenUsage:
     """A response's usage after one more of its lines: the latest line's figures, unless it
     has less output than those counted so far.

@@ -46,17 +46,17 @@ from pathlib import Path
 from typing import Any
 
 from replays.transcripts.base import (
-    MAX_EVIDENCE_COMMAND_CHARS,
     Evidence,
     LineProblem,
     ParsedThread,
     ParsedTurn,
-    TokensOutOfRange,
     TokenUsage,
     TranscriptError,
     UsageBudget,
-    kept_text,
+    edit_item,
     make_message_ids_unique,
+    shell_item,
+    write_item,
 )
 from replays.transcripts.claude_code import (
     JsonLines,
@@ -64,7 +64,7 @@ from replays.transcripts.claude_code import (
     clean_strings,
     make_title,
     parse_timestamp,
-    token_count,
+    token_counts,
 )
 
 KIND = "gemini"
@@ -119,6 +119,8 @@ class _Session:
 
     meta: dict[str, Any] = field(default_factory=dict)
     messages: list[dict[str, Any]] = field(default_factory=list)
+    # The line each message was last read from (1 for the .json format: one document).
+    lines: list[int] = field(default_factory=list)
     # Ids of the messages a $rewindTo took back out (they were still sent).
     rewound: set[str] = field(default_factory=set)
     problems: list[LineProblem] = field(default_factory=list)
@@ -137,6 +139,7 @@ def _read_session(path: Path, *, max_bytes: int, data: bytes | None) -> _Session
         for position, message in enumerate(document["messages"], start=1):
             if isinstance(message, dict) and _is_type(message.get("type")):
                 session.messages.append(message)
+                session.lines.append(1)
             else:
                 session.problems.append(
                     LineProblem(1, f"message {position} is not a message object")
@@ -161,6 +164,12 @@ def _read_lines(path: Path, *, max_bytes: int, data: bytes) -> _Session:
     lines = JsonLines(path, max_bytes=max_bytes, data=data)
     session = _Session()
     positions: dict[str, int] = {}
+    # Ids of the messages appended as lines of their own: those are the record (their
+    # tokens, their times). A resumed session (0.61) writes its whole history again as
+    # `$set: {messages}`, rebuilt without tokens and dated at the resume: that copy never
+    # replaces a message appended before. Messages known only from `$set` (Cloud Shell's
+    # server writes nothing else) take their latest version.
+    appended: set[str] = set()
     recognised = False
     for line_number, value in lines:
         if not isinstance(value, dict):
@@ -174,23 +183,30 @@ def _read_lines(path: Path, *, max_bytes: int, data: bytes) -> _Session:
             recognised = True
             messages = update.get("messages")
             if isinstance(messages, list):
-                session.messages = [m for m in messages if isinstance(m, dict)]
-                positions = {
-                    m["id"]: i
-                    for i, m in enumerate(session.messages)
-                    if isinstance(m.get("id"), str)
-                }
-            session.meta.update({k: v for k, v in update.items() if k != "messages"})
+                for message in messages:
+                    identifier = message.get("id") if isinstance(message, dict) else None
+                    if not isinstance(identifier, str) or not _is_type(message.get("type")):
+                        continue
+                    if identifier in appended:
+                        continue
+                    if identifier in positions:
+                        session.messages[positions[identifier]] = message
+                        session.lines[positions[identifier]] = line_number
+                    else:
+                        positions[identifier] = len(session.messages)
+                        session.messages.append(message)
+                        session.lines.append(line_number)
+            _update_meta(session.meta, {k: v for k, v in update.items() if k != "messages"})
         elif "$rewindTo" in value:
             recognised = True
             target = value["$rewindTo"]
-            if target in positions:
+            if isinstance(target, str) and target in positions:
                 for message in session.messages[positions[target] :]:
                     if isinstance(message.get("id"), str):
                         session.rewound.add(message["id"])
         elif isinstance(value.get("sessionId"), str) and "projectHash" in value:
             recognised = True
-            session.meta.update({k: v for k, v in value.items() if k != "messages"})
+            _update_meta(session.meta, {k: v for k, v in value.items() if k != "messages"})
         elif _is_type(value.get("type")):
             recognised = True
             identifier = value.get("id")
@@ -199,9 +215,12 @@ def _read_lines(path: Path, *, max_bytes: int, data: bytes) -> _Session:
                 continue
             if identifier in positions:
                 session.messages[positions[identifier]] = value  # a newer version of it
+                session.lines[positions[identifier]] = line_number
             else:
                 positions[identifier] = len(session.messages)
                 session.messages.append(value)
+                session.lines.append(line_number)
+            appended.add(identifier)
             session.rewound.discard(identifier)
         # Anything else is newer than this parser: skipped.
     if not recognised:
@@ -209,6 +228,15 @@ def _read_lines(path: Path, *, max_bytes: int, data: bytes) -> _Session:
     session.problems = lines.problems
     session.lines_read = lines.lines_read
     return session
+
+
+def _update_meta(meta: dict[str, Any], update: dict[str, Any]) -> None:
+    """The metadata with an update: a resumed session writes its metadata again, dated at
+    the resume; the session still began when it first did."""
+    for key, value in update.items():
+        if key == "startTime" and key in meta:
+            continue
+        meta[key] = value
 
 
 # --- reading a session's messages -------------------------------------------------------
@@ -238,17 +266,9 @@ def _has_image(content: object) -> bool:
 def _usage(tokens: dict[str, Any]) -> tuple[TokenUsage, int]:
     """One response's usage as disjoint kinds, and its prompt's size (for long-context
     prices), read as ccusage reads Gemini CLI's tokens."""
-    try:
-        prompt = token_count(tokens, "input")
-        output = token_count(tokens, "output")
-        cached = token_count(tokens, "cached")
-        thoughts = token_count(tokens, "thoughts")
-        tool = token_count(tokens, "tool")
-        total = token_count(tokens, "total")
-    except TokensOutOfRange:
-        raise
-    except ValueError as exc:
-        raise ValueError(f"tokens.{exc}") from None
+    prompt, output, cached, thoughts, tool, total = token_counts(
+        tokens, ("input", "output", "cached", "thoughts", "tool", "total"), "tokens"
+    )
     if total == prompt + output + thoughts + tool:
         input_tokens = max(prompt - cached, 0) + tool  # cached is part of the prompt
     else:
@@ -297,8 +317,9 @@ def _walk(path: Path, session: _Session, *, requests: bool) -> _Parsed:
     session_id = (
         session.meta.get("sessionId") if isinstance(session.meta.get("sessionId"), str) else ""
     )
-    for position, message in enumerate(session.messages, start=1):
-        where = 1 if session.lines_read == 1 else position
+    for position, (message, where) in enumerate(
+        zip(session.messages, session.lines, strict=True), start=1
+    ):
         try:
             at = parse_timestamp(message.get("timestamp"))
         except ValueError as exc:
@@ -371,9 +392,21 @@ def _walk(path: Path, session: _Session, *, requests: bool) -> _Parsed:
         # info, error and warning messages are the CLI's own notes.
     return _Parsed(
         session_id=session_id, meta=session.meta, turns=turns, responses=responses,
-        cwd_hint=cwd_hint, started_at=started, ended_at=ended, problems=problems,
+        cwd_hint=cwd_hint, started_at=started, ended_at=ended, problems=_one_per_line(problems),
         lines_read=session.lines_read,
     )  # fmt: skip
+
+
+def _one_per_line(problems: list[LineProblem]) -> list[LineProblem]:
+    """One problem a line: a line holding several messages (a `$set`, the .json document)
+    says all of its problems at once."""
+    by_line: dict[int, list[str]] = {}
+    for problem in problems:
+        by_line.setdefault(problem.line_number, []).append(problem.message)
+    return [
+        LineProblem(number, messages[0] if len(messages) == 1 else "; ".join(messages)[:1000])
+        for number, messages in sorted(by_line.items())
+    ]
 
 
 def _tool_evidence(evidence: Evidence, call: dict[str, Any]) -> None:
@@ -390,25 +423,15 @@ def _tool_evidence(evidence: Evidence, call: dict[str, Any]) -> None:
         # Its output may be cut or masked: only that the file was read is kept.
         evidence.add({"kind": "read", "tool": name, "path": path, "text": None, "match": "whole"})
     elif name == "write_file" and path and isinstance(arguments.get("content"), str):
-        evidence.add(
-            {"kind": "write", "tool": name, "path": path, "text": kept_text(arguments["content"]),
-             "created": None, "before": None}
-        )  # fmt: skip
+        evidence.add(write_item(name, path, arguments["content"]))
     elif name in ("replace", "edit") and path:
         old, new = arguments.get("old_string"), arguments.get("new_string")
         if isinstance(old, str) and isinstance(new, str):
             count = arguments.get("expected_replacements")
             every = arguments.get("allow_multiple") is True or (type(count) is int and count > 1)
-            evidence.add(
-                {"kind": "edit", "tool": name, "path": path, "old": kept_text(old),
-                 "new": kept_text(new), "all": every, "before": None}
-            )  # fmt: skip
+            evidence.add(edit_item(name, path, old, new, every=every))
     elif name == "run_shell_command" and isinstance(arguments.get("command"), str):
-        command = arguments["command"]
-        evidence.add(
-            {"kind": "shell", "tool": name, "command": command[:MAX_EVIDENCE_COMMAND_CHARS],
-             "cut": len(command) > MAX_EVIDENCE_COMMAND_CHARS}
-        )  # fmt: skip
+        evidence.add(shell_item(name, arguments["command"]))
 
 
 # --- where the session ran ----------------------------------------------------------------
@@ -541,13 +564,25 @@ def parse_gemini(path: Path, *, max_bytes: int, data: bytes | None = None) -> Pa
         try:
             sub = _walk(file, _read_session(file, max_bytes=max_bytes, data=None), requests=False)
         except (OSError, TranscriptError) as exc:
-            parsed.problems.append(LineProblem(0, f"sub-agent file {file.name}: {exc}"))
+            parsed.problems.append(LineProblem(1, f"sub-agent file {file.name}: {exc}"))
+            continue
+        # A session continued into a second file keeps one folder of sub-agents: each is
+        # read with the file whose time holds its start.
+        if sub.started_at is None or started_at is None or ended_at is None:
+            continue
+        if not started_at <= sub.started_at <= ended_at:
             continue
         responses += sub.responses
-        if sub.started_at is not None:
-            subagent_runs.append(sub.started_at)
+        subagent_runs.append(sub.started_at)
     meta_start = session.meta.get("startTime")
     started_text = meta_start if isinstance(meta_start, str) else ""
+    try:
+        begun = parse_timestamp(meta_start)
+    except ValueError:
+        begun = None
+    if begun is not None and (started_at is None or begun < started_at):
+        started_at = begun
+        ended_at = ended_at if ended_at is not None and ended_at >= begun else begun
     thread = ParsedThread(
         kind=KIND,
         session_id=_numbered_id(path, parsed.session_id, started_text),

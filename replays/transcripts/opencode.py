@@ -38,31 +38,31 @@ import sqlite3
 import urllib.parse
 from bisect import bisect_right
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from replays.transcripts.base import (
-    MAX_EVIDENCE_COMMAND_CHARS,
     Evidence,
     LineProblem,
     ParsedThread,
     ParsedTurn,
-    TokensOutOfRange,
     TokenUsage,
     TranscriptError,
     UsageBudget,
+    edit_item,
     kept_text,
     make_message_ids_unique,
     patch_operations,
     recorded_usd,
+    shell_item,
+    write_item,
 )
 from replays.transcripts.claude_code import (
-    EARLIEST_TIMESTAMP,
-    LATEST_TIMESTAMP,
     clean_strings,
+    epoch_ms,
     make_title,
-    token_count,
+    token_counts,
 )
 
 KIND = "opencode"
@@ -378,21 +378,11 @@ def _number(value: object) -> float:
 # --- parsing a document -------------------------------------------------------------------
 
 
-def _epoch_ms(value: object) -> datetime | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
-        return None
-    try:
-        at = datetime.fromtimestamp(value / 1000, tz=UTC)
-    except (OverflowError, OSError, ValueError):
-        return None
-    return at if EARLIEST_TIMESTAMP <= at < LATEST_TIMESTAMP else None
-
-
 def _times(info: dict[str, Any]) -> tuple[datetime | None, datetime | None]:
     time = info.get("time")
     if not isinstance(time, dict):
         return None, None
-    return _epoch_ms(time.get("created")), _epoch_ms(time.get("completed", time.get("updated")))
+    return epoch_ms(time.get("created")), epoch_ms(time.get("completed", time.get("updated")))
 
 
 def _usage(tokens: dict[str, Any]) -> TokenUsage:
@@ -400,16 +390,8 @@ def _usage(tokens: dict[str, Any]) -> TokenUsage:
     and what ``total`` counts beyond them (reasoning) as output, as ccusage reads them."""
     cache = tokens.get("cache")
     cache = cache if isinstance(cache, dict) else {}
-    try:
-        input_tokens = token_count(tokens, "input")
-        output = token_count(tokens, "output")
-        total = token_count(tokens, "total")
-        read = token_count(cache, "read")
-        write = token_count(cache, "write")
-    except TokensOutOfRange:
-        raise
-    except ValueError as exc:
-        raise ValueError(f"tokens.{exc}") from None
+    input_tokens, output, total = token_counts(tokens, ("input", "output", "total"), "tokens")
+    read, write = token_counts(cache, ("read", "write"), "tokens.cache")
     rest = total - (input_tokens + output + read + write) if "total" in tokens else 0
     return TokenUsage(
         input_tokens=input_tokens,
@@ -494,10 +476,7 @@ def _tool_evidence(evidence: Evidence, part: dict[str, Any]) -> None:
         # OpenCode numbers the lines it shows: only that the file was read is kept.
         evidence.add({"kind": "read", "tool": name, "path": path, "text": None, "match": "whole"})
     elif name == "write" and path and isinstance(arguments.get("content"), str):
-        evidence.add(
-            {"kind": "write", "tool": name, "path": path, "text": kept_text(arguments["content"]),
-             "created": None, "before": None}
-        )  # fmt: skip
+        evidence.add(write_item(name, path, arguments["content"]))
     elif name in ("edit", "multiedit") and path:
         edits = arguments.get("edits") if name == "multiedit" else [arguments]
         for edit in edits if isinstance(edits, list) else []:
@@ -505,21 +484,14 @@ def _tool_evidence(evidence: Evidence, part: dict[str, Any]) -> None:
                 continue
             old, new = edit.get("oldString"), edit.get("newString")
             if isinstance(old, str) and isinstance(new, str):
-                evidence.add(
-                    {"kind": "edit", "tool": name, "path": path, "old": kept_text(old),
-                     "new": kept_text(new), "all": bool(edit.get("replaceAll")), "before": None}
-                )  # fmt: skip
+                evidence.add(edit_item(name, path, old, new, every=bool(edit.get("replaceAll"))))
     elif name in ("patch", "apply_patch") and isinstance(arguments.get("patchText"), str):
         for operation in patch_operations(arguments["patchText"]) or []:
             if operation["op"] == "add":
                 operation["text"] = kept_text(operation["text"])
             evidence.add({"kind": "patch", "tool": name, **operation})
     elif name == "bash" and isinstance(arguments.get("command"), str):
-        command = arguments["command"]
-        evidence.add(
-            {"kind": "shell", "tool": name, "command": command[:MAX_EVIDENCE_COMMAND_CHARS],
-             "cut": len(command) > MAX_EVIDENCE_COMMAND_CHARS}
-        )  # fmt: skip
+        evidence.add(shell_item(name, arguments["command"]))
     elif name == "task":
         evidence.add({"kind": "other", "tool": name, "path": None})
 
@@ -546,7 +518,7 @@ class _Reader:
         for problem in document.get("problems") or []:
             if isinstance(problem, dict):
                 where, message = problem.get("where", ""), problem.get("message", "")
-                self.problems.append(LineProblem(0, f"{where}: {message}"[:300]))
+                self.problems.append(LineProblem(1, f"{where}: {message}"[:300]))
         if main:
             directory = info.get("directory")
             self.cwd = directory if isinstance(directory, str) else ""

@@ -27,30 +27,30 @@ from __future__ import annotations
 
 import json
 import re
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from replays.transcripts.base import (
-    MAX_EVIDENCE_COMMAND_CHARS,
     Evidence,
     ParsedThread,
     ParsedTurn,
-    TokensOutOfRange,
     TokenUsage,
     TranscriptError,
     UsageBudget,
+    edit_item,
     kept_text,
     make_message_ids_unique,
     recorded_usd,
+    shell_item,
+    write_item,
 )
 from replays.transcripts.claude_code import (
-    EARLIEST_TIMESTAMP,
-    LATEST_TIMESTAMP,
     JsonLines,
+    epoch_ms,
     make_title,
     parse_timestamp,
-    token_count,
+    token_counts,
 )
 
 KIND = "pi"
@@ -255,7 +255,7 @@ class _Reader:
             return
         if turn.last_answer_at is None or at > turn.last_answer_at:
             turn.last_answer_at = at
-        began = _epoch_ms(message.get("timestamp"))
+        began = epoch_ms(message.get("timestamp"))
         if began is not None and began <= at:
             turn.model_seconds = (turn.model_seconds or 0.0) + (at - began).total_seconds()
         content = message.get("content")
@@ -292,16 +292,9 @@ class _Reader:
 
 def _usage(raw: dict[str, Any]) -> TokenUsage:
     """pi's usage as disjoint kinds; what totalTokens counts beyond the four is output."""
-    try:
-        input_tokens = token_count(raw, "input")
-        output = token_count(raw, "output")
-        cache_read = token_count(raw, "cacheRead")
-        cache_write = token_count(raw, "cacheWrite")
-        total = token_count(raw, "totalTokens")
-    except TokensOutOfRange:
-        raise
-    except ValueError as exc:
-        raise ValueError(f"usage.{exc}") from None
+    input_tokens, output, cache_read, cache_write, total = token_counts(
+        raw, ("input", "output", "cacheRead", "cacheWrite", "totalTokens"), "usage"
+    )
     rest = total - (input_tokens + output + cache_read + cache_write)
     return TokenUsage(
         input_tokens=input_tokens,
@@ -309,16 +302,6 @@ def _usage(raw: dict[str, Any]) -> TokenUsage:
         cache_read_tokens=cache_read,
         cache_write_5m_tokens=cache_write,
     )
-
-
-def _epoch_ms(value: object) -> datetime | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
-        return None
-    try:
-        at = datetime.fromtimestamp(value / 1000, tz=UTC)
-    except (OverflowError, OSError, ValueError):
-        return None
-    return at if EARLIEST_TIMESTAMP <= at < LATEST_TIMESTAMP else None
 
 
 def _content_text(content: object) -> str:
@@ -372,10 +355,7 @@ def _tool_evidence(
              "text": kept_text(text) if whole and text is not None else None, "match": "whole"}
         )  # fmt: skip
     elif name == "write" and path and isinstance(arguments.get("content"), str):
-        evidence.add(
-            {"kind": "write", "tool": name, "path": path, "text": kept_text(arguments["content"]),
-             "created": None, "before": None}
-        )  # fmt: skip
+        evidence.add(write_item(name, path, arguments["content"]))
     elif name == "edit" and path:
         edits = arguments.get("edits")
         if isinstance(edits, str):  # some models send the list as JSON text, which pi reads
@@ -389,16 +369,9 @@ def _tool_evidence(
         for pair in pairs:
             old, new = pair.get("oldText"), pair.get("newText")
             if isinstance(old, str) and isinstance(new, str):
-                evidence.add(
-                    {"kind": "edit", "tool": name, "path": path, "old": kept_text(old),
-                     "new": kept_text(new), "all": False, "before": None}
-                )  # fmt: skip
+                evidence.add(edit_item(name, path, old, new))
     elif name == "bash" and isinstance(arguments.get("command"), str):
-        command = arguments["command"]
-        evidence.add(
-            {"kind": "shell", "tool": name, "command": command[:MAX_EVIDENCE_COMMAND_CHARS],
-             "cut": len(command) > MAX_EVIDENCE_COMMAND_CHARS}
-        )  # fmt: skip
+        evidence.add(shell_item(name, arguments["command"]))
 
 
 def session_id_from_name(path: Path) -> str:

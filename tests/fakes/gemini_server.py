@@ -78,23 +78,26 @@ def _tool_for(wanted: str, offered: Sequence[str]) -> str:
 
 
 def _texts(content: JSON) -> list[str]:
+    """The text parts of a content, without Gemini CLI's own context (`<session_context>`),
+    which it sends as a part of the first user content."""
     return [
         str(part["text"])
         for part in content.get("parts") or []
-        if isinstance(part, dict) and isinstance(part.get("text"), str)
+        if isinstance(part, dict)
+        and isinstance(part.get("text"), str)
+        and not part.get("thought")
+        and not part["text"].lstrip().startswith("<session_context>")
     ]
 
 
 def _is_prompt(content: JSON) -> bool:
-    """A user content with text and no function response (Gemini CLI's own context blocks,
-    `<session_context>`, are not prompts)."""
+    """A user content with text of the user's and no function response."""
     if content.get("role") != "user":
         return False
     parts = [p for p in content.get("parts") or [] if isinstance(p, dict)]
     if any("functionResponse" in p for p in parts):
         return False
-    text = "\n".join(_texts(content)).strip()
-    return bool(text) and not text.startswith("<session_context>")
+    return bool("\n".join(_texts(content)).strip())
 
 
 def last_user_text(body: JSON) -> str:
