@@ -23,8 +23,10 @@ def readable_size(size: int) -> str:
 class TranscriptUploadForm(forms.Form):
     transcript = forms.FileField(
         label="Transcript file",
-        help_text="A Claude Code session (.jsonl under ~/.claude/projects/) or a Codex session "
-        "(rollout-*.jsonl under ~/.codex/sessions/).",
+        help_text="A session file of Claude Code (.jsonl under ~/.claude/projects/), Codex "
+        "(rollout-*.jsonl under ~/.codex/sessions/), Gemini CLI (session-*.json or .jsonl under "
+        "~/.gemini/tmp/<project>/chats/) or pi (.jsonl under ~/.pi/agent/sessions/), or an "
+        "OpenCode session as `opencode export <session id>` prints it (.json).",
         widget=forms.FileInput(attrs={"accept": ".jsonl,.json,application/jsonl,text/plain"}),
     )
 

@@ -180,6 +180,18 @@ def test_a_free_variant_costs_nothing_and_an_unknown_model_stays_unknown(
     assert "unknown price" in page(logged_in_client, unknown_thread)
 
 
+def test_a_cost_the_agent_recorded_is_shown_as_its_own(logged_in_client: Any) -> None:
+    # pi recorded what each response cost: the page says the figure is the agent's.
+    thread = importing.import_transcript_file(
+        path=EDGE_TRANSCRIPTS / "pi_v1.jsonl", user=importer()
+    ).thread
+
+    assert thread is not None
+    shown = page(logged_in_client, thread)
+    assert "cost as the agent recorded it" in shown
+    assert "$0.0174" in shown  # the turn, $0.017391 as pi recorded it
+
+
 def litellm_file(tmp_path: Path, *, tiers: bool) -> Path:
     entry = {
         "mode": "responses",

@@ -312,6 +312,16 @@ def test_a_free_variant_costs_nothing_and_says_so() -> None:
     assert priced_as(usage, FAMILY) == {model: FREE_ENTRY}
 
 
+def test_an_opencode_free_model_costs_nothing_too() -> None:
+    # OpenCode Zen's and Go's free models end in -free (LiteLLM prices its opencode_go ones
+    # at 0): not the paid model of the same name.
+    model = "deepseek-v4-flash-free"
+    usage = {model: TokenUsage(input_tokens=216_234, output_tokens=69_242)}
+
+    assert turn_cost_usd(usage, FAMILY) == D("0")
+    assert priced_as(usage, FAMILY) == {model: FREE_ENTRY}
+
+
 def test_priced_as_names_each_models_entry_and_none_for_an_unknown_one() -> None:
     usage = {
         "glm-5.1": TokenUsage(input_tokens=1),

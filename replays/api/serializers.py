@@ -175,7 +175,8 @@ class LineProblemSerializer(serializers.Serializer):
 
 class ThreadImportInputSerializer(serializers.Serializer):
     file = serializers.FileField(
-        help_text="A Claude Code transcript or a Codex session file (.jsonl)."
+        help_text="A session file of Claude Code, Codex, Gemini CLI or pi, or an OpenCode "
+        "session as `opencode export <session id>` prints it."
     )
 
 

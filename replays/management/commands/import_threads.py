@@ -14,9 +14,11 @@ MAX_PROBLEMS_SHOWN = 20
 
 class Command(ReplaysCommand):
     help = (
-        "Import Claude Code transcripts and Codex session files. With no path, look where the "
-        "tools keep them ($CLAUDE_CONFIG_DIR, ~/.claude/projects, ~/.config/claude/projects, "
-        "$CODEX_HOME/sessions, ~/.codex/sessions). Unchanged files are skipped."
+        "Import the sessions of Claude Code, Codex, Gemini CLI, OpenCode and pi. With no path, "
+        "look where the tools keep them ($CLAUDE_CONFIG_DIR, ~/.claude/projects, "
+        "~/.config/claude/projects, $CODEX_HOME/sessions, ~/.codex/sessions, $GEMINI_DATA_DIR, "
+        "~/.gemini/tmp, $OPENCODE_DATA_DIR, ~/.local/share/opencode (its database, read "
+        "only), $PI_AGENT_DIR, ~/.pi/agent/sessions). Unchanged files are skipped."
     )
 
     # Reading files needs no check of URLs, templates or admin classes: skipping them
