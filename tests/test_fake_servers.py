@@ -14,8 +14,9 @@ from typing import Any
 
 import pytest
 
-from tests.fakes import anthropic_server, openai_server
+from tests.fakes import anthropic_server, gemini_server, openai_server
 from tests.fakes.anthropic_server import AnthropicServer
+from tests.fakes.gemini_server import GeminiServer
 from tests.fakes.openai_server import OpenAIServer
 from tests.fakes.scripting import Hang, HttpError, Text, ToolCall, Usage, shell
 
@@ -287,8 +288,86 @@ def test_openai_errors_use_the_openai_shape_and_unknown_tools_are_refused() -> N
         assert status == 400 and "no tool for 'Write'" in json.loads(raw)["error"]["message"]
 
 
+def gemini_request(contents: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "contents": contents,
+        "tools": [{"functionDeclarations": [
+            {"name": "run_shell_command", "parameters": {"type": "object", "properties": {"command": {"type": "string"}}}},
+            {"name": "read_file", "parameters": {"type": "object", "properties": {"file_path": {"type": "string"}}}},
+        ]}],
+        "generationConfig": {"temperature": 1},
+    }  # fmt: skip
+
+
+def test_gemini_stream_is_sse_data_chunks_with_the_usage_on_the_last() -> None:
+    usage = Usage(input_tokens=700, output_tokens=40, cache_read_tokens=300, reasoning_tokens=25)
+    prompt = {
+        "role": "user",
+        "parts": [
+            {"text": "<session_context>\nThis is the Gemini CLI.\n</session_context>"},
+            {"text": "list files"},
+        ],
+    }
+    with GeminiServer(
+        gemini_server.by_prompt(
+            {"list": [shell("ls", usage=usage, reasoning="look"), Text("done")]}
+        )
+    ) as srv:
+        url = srv.api_url + "/models/gemini-2.5-flash:streamGenerateContent?alt=sse"
+        status, headers, raw = post(url, gemini_request([prompt]))
+        chunks = [
+            json.loads(line[len("data: ") :])
+            for line in raw.decode().splitlines()
+            if line.startswith("data: ")
+        ]
+        call = chunks[-1]["candidates"][0]["content"]["parts"][0]["functionCall"]
+        answer = {
+            "role": "user",
+            "parts": [{"functionResponse": {"name": call["name"], "response": {"output": "a b"}}}],
+        }
+        model_turn = {"role": "model", "parts": [{"functionCall": call}]}
+        _, _, whole = post(
+            srv.api_url + "/models/gemini-2.5-flash:generateContent",
+            gemini_request([prompt, model_turn, answer]),
+        )
+
+    assert status == 200 and headers["Content-Type"] == "text/event-stream"
+    # The thought first, then the call; the usage with the last chunk: the prompt counts the
+    # cached part, the thoughts are apart from the candidates.
+    assert chunks[0]["candidates"][0]["content"]["parts"] == [{"text": "look", "thought": True}]
+    assert (call["name"], call["args"]) == (
+        "run_shell_command",
+        {"description": "Run a command", "command": "ls"},
+    )
+    assert "usageMetadata" not in chunks[0]
+    assert chunks[-1]["usageMetadata"] == {
+        "promptTokenCount": 1000, "candidatesTokenCount": 40, "totalTokenCount": 1065,
+        "promptTokensDetails": [{"modality": "TEXT", "tokenCount": 1000}],
+        "cachedContentTokenCount": 300, "thoughtsTokenCount": 25,
+    }  # fmt: skip
+    assert chunks[-1]["modelVersion"] == "gemini-2.5-flash"
+    body = json.loads(whole)
+    assert body["candidates"][0]["content"]["parts"] == [{"text": "done"}]
+    assert gemini_server.conversation_position(srv.model_requests[1]) == ("list files", 1)
+
+
+def test_gemini_errors_use_the_google_shape_and_unknown_tools_are_refused() -> None:
+    with GeminiServer([HttpError(429, "quota exceeded"), ToolCall("write", {"x": 1})]) as srv:
+        url = srv.api_url + "/models/gemini-2.5-pro:streamGenerateContent?alt=sse"
+        status, _, raw = post(url, gemini_request([]))
+        assert (status, json.loads(raw)["error"]) == (
+            429, {"code": 429, "message": "quota exceeded", "status": "RESOURCE_EXHAUSTED"}
+        )  # fmt: skip
+        status, _, raw = post(url, gemini_request([]))
+        assert status == 400 and "no tool for 'write'" in json.loads(raw)["error"]["message"]
+
+
 def test_servers_run_as_modules_and_print_their_url() -> None:
-    for module in ("tests.fakes.anthropic_server", "tests.fakes.openai_server"):
+    for module in (
+        "tests.fakes.anthropic_server",
+        "tests.fakes.openai_server",
+        "tests.fakes.gemini_server",
+    ):
         process = subprocess.Popen(
             [sys.executable, "-m", module], cwd=ROOT, stdout=subprocess.PIPE, text=True
         )
@@ -418,3 +497,113 @@ def test_codex_runs_a_shell_command_against_the_fake_server(tmp_path: Path) -> N
     assert (work / "made.txt").read_text() == "made\n"
     assert openai_server.last_is_tool_result(srv.model_requests[-1])
     assert list((codex_home / "sessions").rglob("rollout-*.jsonl"))
+
+
+def test_gemini_cli_runs_a_shell_command_against_the_fake_server(tmp_path: Path) -> None:
+    gemini = cli("gemini")
+    work, home = tmp_path / "work", tmp_path / "home"
+    work.mkdir()
+    (home / ".gemini").mkdir(parents=True)
+    # 0.61.0: with GOOGLE_GEMINI_BASE_URL alone it picks a "gateway" auth and refuses it
+    # ("Invalid auth method selected."); naming the key's auth type in settings works.
+    (home / ".gemini" / "settings.json").write_text(
+        json.dumps({"security": {"auth": {"selectedType": "gemini-api-key"}}})
+    )
+    script = gemini_server.by_prompt(
+        {"make a file": [shell("echo made > made.txt"), Text("Made it.")]}
+    )
+    with GeminiServer(script) as srv:
+        env = {
+            "PATH": os.environ["PATH"],
+            "HOME": str(home),
+            "GEMINI_API_KEY": "fake",
+            "GOOGLE_GEMINI_BASE_URL": srv.url,
+        }
+        argv = [gemini, "-m", "gemini-2.5-flash", "--output-format", "stream-json",
+                "--approval-mode", "yolo", "--skip-trust", "-p", "make a file"]  # fmt: skip
+        result = subprocess.run(
+            argv, cwd=work, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+            timeout=180,
+        )  # fmt: skip
+
+    assert result.returncode == 0, result.stderr
+    events = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    assert (events[-1]["type"], events[-1]["status"]) == ("result", "success")
+    assert (work / "made.txt").read_text() == "made\n"
+    init = next(e for e in events if e["type"] == "init")
+    assert list(
+        (home / ".gemini" / "tmp").glob(f"*/chats/session-*-{init['session_id'][:8]}.jsonl")
+    )
+
+
+def test_opencode_runs_a_shell_command_against_the_fake_anthropic_server(tmp_path: Path) -> None:
+    opencode = cli("opencode")
+    work, home = tmp_path / "work", tmp_path / "home"
+    work.mkdir()
+    home.mkdir()
+
+    def script(body: dict[str, Any]) -> Any:
+        if not body.get("tools"):
+            return Text("A title")  # OpenCode asks its small model for the session's title
+        return anthropic_server.by_prompt(
+            {"make a file": [shell("echo made > made.txt"), Text("Made it.")]}
+        )(body)
+
+    with AnthropicServer(script) as srv:
+        config = {
+            "provider": {"anthropic": {"options": {"baseURL": srv.api_url, "apiKey": "fake"}}}
+        }
+        env = {
+            "PATH": os.environ["PATH"],
+            "HOME": str(home),
+            "OPENCODE_CONFIG_CONTENT": json.dumps(config),
+        }
+        result = subprocess.run(
+            [opencode, "run", "--format", "json", "-m", "anthropic/claude-sonnet-4-5", "--auto"],
+            cwd=work, env=env, input="make a file", capture_output=True, text=True, timeout=180,
+        )  # fmt: skip
+
+    assert result.returncode == 0, result.stderr
+    events = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    finished = [e["part"] for e in events if e["type"] == "step_finish"]
+    assert [step["reason"] for step in finished] == ["tool-calls", "stop"]
+    assert all(step["cost"] > 0 for step in finished)  # OpenCode prices claude-sonnet-4-5 itself
+    assert (work / "made.txt").read_text() == "made\n"
+    assert (home / ".local" / "share" / "opencode" / "opencode.db").is_file()
+
+
+def test_pi_runs_a_shell_command_against_the_fake_openai_server(tmp_path: Path) -> None:
+    pi = cli("pi")
+    work, home = tmp_path / "work", tmp_path / "home"
+    work.mkdir()
+    (home / ".pi" / "agent").mkdir(parents=True)
+    script = openai_server.by_prompt(
+        {"make a file": [shell("echo made > made.txt"), Text("Made it.")]}
+    )
+    with OpenAIServer(script) as srv:
+        # pi's own OpenAI provider, sent to the fake Responses API.
+        (home / ".pi" / "agent" / "models.json").write_text(
+            json.dumps({"providers": {"openai": {"baseUrl": srv.api_url}}})
+        )
+        env = {
+            "PATH": os.environ["PATH"],
+            "HOME": str(home),
+            "OPENAI_API_KEY": "fake",
+            "PI_OFFLINE": "1",
+        }
+        result = subprocess.run(
+            [pi, "-p", "--mode", "json", "--model", "openai/gpt-5"],
+            cwd=work, env=env, input="make a file", capture_output=True, text=True, timeout=180,
+        )  # fmt: skip
+
+    assert result.returncode == 0, result.stderr
+    events = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    ends = [
+        e["message"]
+        for e in events
+        if e["type"] == "message_end" and e["message"]["role"] == "assistant"
+    ]
+    assert [m["stopReason"] for m in ends] == ["toolUse", "stop"]
+    assert all(m["usage"]["cost"]["total"] > 0 for m in ends)  # pi prices gpt-5 itself
+    assert (work / "made.txt").read_text() == "made\n"
+    assert list((home / ".pi" / "agent" / "sessions").glob("*/*.jsonl"))
