@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('replays', '0014_long_context_prices_and_requests_as_sent'),
+        ('replays', '0015_api_tokens'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
