@@ -9,7 +9,10 @@
   the run's own home with the thread's folder rewritten to the worktree, and resumed
   natively by the candidate's CLI under its own model: a Claude Code thread for claude_code
   models (`claude -p --resume ID --fork-session`), a Codex thread for codex models (`codex
-  exec fork ID`). The copy names the worktree wherever the session named the user's
+  exec fork ID`), a Gemini CLI thread for gemini models (the copy in the run's project
+  folder, `gemini --resume ID`), an OpenCode thread for opencode models (`opencode import`
+  of the cut session, then `opencode run --session ID --fork`), a pi thread for pi models
+  (`pi --fork FILE`). The copy names the worktree wherever the session named the user's
   checkout, so the agent never edits the real one.
 
 The default: `cold` for a range that starts the thread (every mode means the same there);
@@ -50,7 +53,16 @@ LABELS = {
     HISTORICAL_CONTEXT: "its own session",
 }
 # The agent kinds whose own sessions a fork resumes: the thread's tool is the same string.
-FORKING_KINDS = (SourceKind.CLAUDE_CODE.value, SourceKind.CODEX.value)
+FORKING_KINDS = (
+    SourceKind.CLAUDE_CODE.value,
+    SourceKind.CODEX.value,
+    SourceKind.GEMINI.value,
+    SourceKind.OPENCODE.value,
+    SourceKind.PI.value,
+)
+# The tools whose session is one JSON document rather than lines (Gemini CLI's .json
+# format, OpenCode's export document).
+_DOCUMENT_KINDS = (SourceKind.GEMINI.value, SourceKind.OPENCODE.value)
 
 # The digest: at most this many characters, each earlier request quoted up to its own
 # bound (the answers are bounded at import: transcripts.base.MAX_FINAL_ANSWER_CHARS).
@@ -63,10 +75,16 @@ DIGEST_INTRO = (
 )
 DIGEST_REQUEST = "The request:"
 
-# Session ids a CLI resumes by: a UUID (anything else is not an id a resume flag takes).
+# Session ids a CLI resumes by (anything else is not an id a resume flag takes): a UUID;
+# OpenCode's ses_...; Gemini CLI's own (a UUID, Cloud Shell's "a2a-server"; a thread of a
+# second file of one session is "<id>~2", the file holding the id itself).
 _SESSION_ID_RE = re.compile(
     r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
 )
+_SESSION_IDS = {
+    SourceKind.OPENCODE.value: re.compile(r"^ses_[A-Za-z0-9]{1,100}$"),
+    SourceKind.GEMINI.value: re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,199}(~[0-9]+)?$"),
+}
 # Codex's rollout name: rollout-YYYY-MM-DDTHH-MM-SS-<uuid>.jsonl.
 _ROLLOUT_RE = re.compile(r"^rollout-(\d{4})-(\d{2})-(\d{2})T\d{2}-\d{2}-\d{2}-(.+)\.jsonl$")
 # Claude Code line types kept in a cut besides the conversation's own chain.
@@ -195,7 +213,7 @@ def fork_problem(thread: Thread, first: Turn, kind: str) -> str:
     if kind != thread.source_kind:
         own = SourceKind(kind).label
         return f"the thread is a {tool} session, and a {own} agent resumes only {own} sessions"
-    if not _SESSION_ID_RE.match(thread.session_id):
+    if not _SESSION_IDS.get(kind, _SESSION_ID_RE).match(thread.session_id):
         return f"the session id {thread.session_id[:60]!r} is not one {tool} resumes"
     try:
         cut_transcript(thread, first)
@@ -322,25 +340,88 @@ def fork_session(
     old = old.rstrip("/")
     if old:
         values = [rewrite_folder(value, old, str(workspace)) for value in values]
-    text = "".join(json.dumps(value, ensure_ascii=False, separators=(",", ":")) + "\n" for value in values)  # fmt: skip
-    if thread.source_kind == SourceKind.CLAUDE_CODE:
+    kind = thread.source_kind
+    if kind in _DOCUMENT_KINDS and len(values) == 1 and "messages" in values[0]:
+        document = values[0]
+        if kind == SourceKind.GEMINI:
+            # Gemini CLI keeps a project by its folder's hash: the worktree's now.
+            document["projectHash"] = _folder_hash(cwd)
+        text = json.dumps(document, ensure_ascii=False, separators=(",", ":")) + "\n"
+    else:
+        if kind == SourceKind.GEMINI and values and "projectHash" in values[0]:
+            values[0]["projectHash"] = _folder_hash(cwd)
+        text = "".join(json.dumps(value, ensure_ascii=False, separators=(",", ":")) + "\n" for value in values)  # fmt: skip
+    if kind == SourceKind.CLAUDE_CODE:
         return ForkedSession(
-            tool=thread.source_kind,
+            tool=kind,
             session_id=thread.session_id,
             text=text,
             file_name=f"{thread.session_id}.jsonl",
             cwd=cwd,
         )
-    name, day = _rollout_place(thread)
+    if kind == SourceKind.CODEX:
+        name, day = _rollout_place(thread)
+        return ForkedSession(
+            tool=kind,
+            session_id=thread.session_id,
+            text=text,
+            file_name=name,
+            day_folder=day,
+            cwd=cwd,
+            base_usage=_codex_totals(values),
+        )
+    session_id = _own_session_id(thread, values)
     return ForkedSession(
-        tool=thread.source_kind,
-        session_id=thread.session_id,
+        tool=kind,
+        session_id=session_id,
         text=text,
-        file_name=name,
-        day_folder=day,
+        file_name=_file_name(thread, session_id),
         cwd=cwd,
-        base_usage=_codex_totals(values),
     )
+
+
+def _folder_hash(folder: Path) -> str:
+    return hashlib.sha256(str(folder).encode("utf-8", "surrogateescape")).hexdigest()
+
+
+def _own_session_id(thread: Thread, values: list[dict[str, Any]]) -> str:
+    """The id the tool resumes the cut session by: Gemini CLI's file's own sessionId (a
+    second file of a session is thread `<id>~2`), pi's header's, OpenCode's session's."""
+    first = values[0] if values else {}
+    found: object = None
+    if thread.source_kind == SourceKind.GEMINI:
+        found = first.get("sessionId")
+    elif thread.source_kind == SourceKind.PI:
+        found = first.get("id") if first.get("type") == "session" else None
+    elif thread.source_kind == SourceKind.OPENCODE:
+        info = first.get("info")
+        found = info.get("id") if isinstance(info, dict) else None
+    return found if isinstance(found, str) and found else thread.session_id.split("~")[0]
+
+
+# The names the tools give their session files.
+_GEMINI_NAME_RE = re.compile(r"^session-[0-9T-]+-[^/]+\.jsonl?$")
+_PI_NAME_RE = re.compile(r"^[0-9T-]+Z_[^/]+\.jsonl$")
+
+
+def _file_name(thread: Thread, session_id: str) -> str:
+    """The cut copy's file name: the session's own where it is the tool's, else one made
+    the tool's way."""
+    name = Path(thread.source_path).name
+    started = thread.started_at
+    if thread.source_kind == SourceKind.GEMINI:
+        if _GEMINI_NAME_RE.match(name):
+            return name
+        stamp = started.strftime("%Y-%m-%dT%H-%M") if started else "1970-01-01T00-00"
+        return f"session-{stamp}-{session_id[:8]}.json"
+    if thread.source_kind == SourceKind.PI:
+        if _PI_NAME_RE.match(name):
+            return name
+        stamp = (
+            started.strftime("%Y-%m-%dT%H-%M-%S-000Z") if started else "1970-01-01T00-00-00-000Z"
+        )
+        return f"{stamp}_{session_id}.jsonl"
+    return f"{session_id}.json"
 
 
 def cut_transcript(thread: Thread, first: Turn) -> list[dict[str, Any]]:
@@ -350,8 +431,14 @@ def cut_transcript(thread: Thread, first: Turn) -> list[dict[str, Any]]:
     values = _transcript_lines(thread)
     if thread.source_kind == SourceKind.CLAUDE_CODE:
         kept = _cut_claude(values, first)
-    else:
+    elif thread.source_kind == SourceKind.CODEX:
         kept = _cut_codex(values, first)
+    elif thread.source_kind == SourceKind.GEMINI:
+        kept = _cut_gemini(values, first)
+    elif thread.source_kind == SourceKind.OPENCODE:
+        kept = _cut_opencode(values, first)
+    else:
+        kept = _cut_pi(values, first)
     if not kept:
         raise CannotFork(f"nothing comes before request #{first.index + 1} in the transcript")
     return kept
@@ -366,6 +453,13 @@ def _transcript_lines(thread: Thread) -> list[dict[str, Any]]:
     limit = settings.REPLAYS_MAX_TRANSCRIPT_BYTES
     if len(data) > limit:
         raise CannotFork(f"the transcript {thread.source_path} is larger than {limit:,} bytes")
+    if thread.source_kind in _DOCUMENT_KINDS:
+        try:
+            document = json.loads(data.decode("utf-8-sig"))
+        except (UnicodeDecodeError, ValueError, RecursionError):
+            document = None  # Gemini CLI's JSONL: read by lines below
+        if isinstance(document, dict) and isinstance(document.get("messages"), list):
+            return [document]
     values = []
     for raw in data.split(b"\n"):
         try:
@@ -440,6 +534,115 @@ def _cut_codex(values: list[dict[str, Any]], first: Turn) -> list[dict[str, Any]
     if not any(v.get("type") == "session_meta" for v in kept):
         return []
     return kept
+
+
+def _cut_gemini(values: list[dict[str, Any]], first: Turn) -> list[dict[str, Any]]:
+    """Gemini CLI: the .json document with its messages before the request, or the JSONL
+    lines before the request's first line (a later version of a message is a later line)."""
+    if len(values) == 1 and isinstance(values[0].get("messages"), list):
+        document = values[0]
+        messages = [m for m in document["messages"] if isinstance(m, dict)]
+        position = _gemini_position(messages, first)
+        if not position:
+            return []
+        return [{**document, "messages": messages[:position]}]
+    position = _gemini_position(values, first)
+    if not position or not isinstance(values[0].get("sessionId"), str):
+        return []
+    return values[:position]
+
+
+def _gemini_position(values: list[dict[str, Any]], first: Turn) -> int | None:
+    """Where the request's message is (by its id, else by its text and time)."""
+    for position, value in enumerate(values):
+        if value.get("type") == "user" and value.get("id") == first.message_uuid:
+            return position
+    for position, value in enumerate(values):
+        if value.get("type") == "user" and _gemini_text(value) == first.request.strip():
+            if _same_time(value.get("timestamp"), first):
+                return position
+    raise CannotFork(f"request #{first.index + 1} is not in the transcript any more")
+
+
+def _gemini_text(value: dict[str, Any]) -> str:
+    for key in ("displayContent", "content"):
+        content = value.get(key)
+        if isinstance(content, str) and content.strip():
+            return content.strip()
+        if isinstance(content, list):
+            text = "\n".join(
+                p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)
+            )
+            if text.strip():
+                return text.strip()
+    return ""
+
+
+def _cut_opencode(values: list[dict[str, Any]], first: Turn) -> list[dict[str, Any]]:
+    """OpenCode: the session document with its messages before the request (its sub-agents'
+    sessions and our own notes left out: `opencode import` takes a session as it exports it)."""
+    document = values[0] if len(values) == 1 else {}
+    messages = [m for m in document.get("messages") or [] if isinstance(m, dict)]
+    position = next(
+        (
+            index
+            for index, message in enumerate(messages)
+            if isinstance(message.get("info"), dict)
+            and message["info"].get("role") == "user"
+            and message["info"].get("id") == first.message_uuid
+        ),
+        None,
+    )
+    if position is None:
+        raise CannotFork(f"request #{first.index + 1} is not in the transcript any more")
+    if position == 0:
+        return []
+    return [{"info": document["info"], "messages": messages[:position]}]
+
+
+def _cut_pi(values: list[dict[str, Any]], first: Turn) -> list[dict[str, Any]]:
+    """pi: the header and, from format 2 on, the entries on the request's chain of parents
+    (another branch is left out); format 1 has no tree: every entry before the request."""
+    if not values or values[0].get("type") != "session":
+        return []
+    header = values[0]
+    position = next(
+        (i for i, v in enumerate(values) if v.get("type") == "message" and v.get("id") == first.message_uuid),
+        None,
+    )  # fmt: skip
+    if position is None:
+        position = next((i for i, v in enumerate(values) if _is_pi_prompt(v, first)), None)
+    if position is None:
+        raise CannotFork(f"request #{first.index + 1} is not in the transcript any more")
+    before = values[1:position]
+    if not isinstance(values[position].get("id"), str):
+        return [header, *before] if before else []
+    parents = {v["id"]: v.get("parentId") for v in before if isinstance(v.get("id"), str)}
+    chain: set[str] = set()
+    parent = values[position].get("parentId")
+    while isinstance(parent, str) and parent in parents and parent not in chain:
+        chain.add(parent)
+        parent = parents[parent]
+    kept = [v for v in before if v.get("id") in chain]
+    return [header, *kept] if kept else []
+
+
+def _is_pi_prompt(value: dict[str, Any], first: Turn) -> bool:
+    message = value.get("message")
+    if value.get("type", "message") != "message" or not isinstance(message, dict):
+        return False
+    if message.get("role") != "user":
+        return False
+    content = message.get("content")
+    if isinstance(content, list):
+        content = "\n".join(
+            b["text"] for b in content if isinstance(b, dict) and isinstance(b.get("text"), str)
+        )
+    return (
+        isinstance(content, str)
+        and content.strip() == first.request.strip()
+        and _same_time(value.get("timestamp"), first)
+    )
 
 
 def _payload(value: dict[str, Any]) -> dict[str, Any]:

@@ -20,6 +20,9 @@ from replays.agents.baselines import EMPTY, HISTORICAL, EmptyAgent, HistoricalAg
 from replays.agents.claude_code import ClaudeCodeAgent
 from replays.agents.codex import CodexAgent
 from replays.agents.command import CommandAgent
+from replays.agents.gemini import GeminiAgent
+from replays.agents.opencode import OpenCodeAgent
+from replays.agents.pi import PiAgent
 from replays.models import MODEL_ID_LENGTH
 
 logger = logging.getLogger(__name__)
@@ -27,6 +30,9 @@ logger = logging.getLogger(__name__)
 KINDS: dict[str, type[ConfiguredAgent]] = {
     CodexAgent.kind: CodexAgent,
     ClaudeCodeAgent.kind: ClaudeCodeAgent,
+    GeminiAgent.kind: GeminiAgent,
+    OpenCodeAgent.kind: OpenCodeAgent,
+    PiAgent.kind: PiAgent,
     CommandAgent.kind: CommandAgent,
 }
 
@@ -53,7 +59,7 @@ class ModelInfo:
     reason: str = ""  # why it is not available here
     model: str = ""  # the model as the agent names it ("" for the baselines)
     version: str = ""  # the installed agent's version, when it says
-    kind: str = BASELINE_AGENT  # the agent's kind (codex, claude_code, command) or "baseline"
+    kind: str = BASELINE_AGENT  # the agent's kind (codex, claude_code, gemini, ...) or "baseline"
     # Whether its runs will have a login: ready | missing | unknown (problems.Login).
     login: str = "ready"
     login_message: str = ""
@@ -88,7 +94,9 @@ def discover_models() -> list[ModelInfo]:
         reason = kind.unavailable_reason(entry)
         version = "" if reason else kind.version(entry)
         login = kind.login(entry)
-        for item in entry["models"]:
+        # The models the tool itself lists with this login (OpenCode, pi), after those named.
+        listed = [] if reason else kind.discovered_models(entry)
+        for item in [*entry["models"], *listed]:
             parsed = _model_entry(item)
             if parsed is None:
                 logger.warning("REPLAYS_AGENTS: a model of %r ignored: %r", name, item)

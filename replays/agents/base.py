@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import shutil
 import subprocess
 from abc import ABC, abstractmethod
@@ -74,10 +75,13 @@ class ForkedSession:
     the run's own CLI to fork: the copy goes into the run's own home under the name the
     CLI looks for, and the agent runs in `cwd`, the thread's folder in the worktree."""
 
-    tool: str  # the thread's tool: "claude_code" or "codex"
+    tool: str  # the thread's tool: "claude_code", "codex", "gemini", "opencode" or "pi"
     session_id: str  # the id the CLI resumes (the historical session's own)
     text: str  # the cut transcript, the thread's folder rewritten to the worktree
-    file_name: str  # "<session>.jsonl" (Claude Code), "rollout-...-<session>.jsonl" (Codex)
+    # "<session>.jsonl" (Claude Code), "rollout-...-<session>.jsonl" (Codex),
+    # "session-...-<id8>.json[l]" (Gemini CLI), "<session>.json" (OpenCode's export
+    # document), "<time>_<session>.jsonl" (pi)
+    file_name: str
     cwd: Path
     day_folder: str = ""  # Codex: the copy goes in sessions/YYYY/MM/DD
     # Codex: the thread's token totals at the cut (input including cached), as Codex wrote
@@ -88,7 +92,8 @@ class ForkedSession:
         """Write the cut transcript where `tool`'s CLI looks for it (a private file);
         AgentSetupError when this session is another tool's or the copy fails."""
         if self.tool != tool:
-            name = {"claude_code": "Claude Code", "codex": "Codex"}.get(tool, tool)
+            name = {"claude_code": "Claude Code", "codex": "Codex", "gemini": "Gemini CLI",
+                    "opencode": "OpenCode", "pi": "pi"}.get(tool, tool)  # fmt: skip
             raise AgentSetupError(f"{name} cannot fork a {self.tool} session.")
         try:
             write_private(target, self.text.encode("utf-8", errors="surrogateescape"))
@@ -136,6 +141,10 @@ class Invocation:
     # Files the configured command names besides its program (a `command` agent's script):
     # the sandbox shows them read-only. Never from anything but the operator's settings.
     shown: tuple[Path, ...] = ()
+    # Commands of the agent's own program to run first, one after the other, in the same
+    # sandbox, environment and folder, without stdin (OpenCode imports the forked session
+    # into its database before it resumes it); the turn fails when one of them fails.
+    before: tuple[list[str], ...] = ()
 
 
 @dataclass
@@ -344,6 +353,12 @@ class ConfiguredAgent(Agent):
     def version(cls, entry: Mapping[str, Any]) -> str:
         """The installed agent's version ("" when unknown)."""
         return ""
+
+    @classmethod
+    def discovered_models(cls, entry: Mapping[str, Any]) -> list[str]:
+        """The models the agent's own program lists for this entry, when the entry asks
+        for them ("discover_models": true) and the kind can list them; [] otherwise."""
+        return []
 
     @classmethod
     def login(cls, entry: Mapping[str, Any]) -> Login:
@@ -687,3 +702,50 @@ def write_private(path: Path, data: bytes) -> None:
     os.fchmod(descriptor, 0o600)
     with os.fdopen(descriptor, "wb") as handle:
         handle.write(data)
+
+
+# --- What the Gemini CLI, OpenCode and pi kinds share --------------------------------
+
+
+def check_own_flags(args: list[str], own: Mapping[str, str], kind: str) -> None:
+    """Refuse `args` that give a flag the kind sets itself (`own`: flag -> why)."""
+    for arg in args:
+        flag = arg.split("=", 1)[0]
+        if flag in own:
+            raise ValueError(f"'args' must not give {flag}: the {kind} kind sets it ({own[flag]})")
+
+
+def check_own_env(env: Mapping[str, Any], own: Mapping[str, str]) -> None:
+    """Refuse an `env` that sets a variable the run's isolation depends on (`own`: name -> why)."""
+    for name, why in own.items():
+        if name in env:
+            raise ValueError(f"'env' must not set {name}: {why}")
+
+
+def merged_json(base: Mapping[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of the JSON object `base` with `extra` laid over it, objects merged key by key
+    (an agent's settings with what a run needs)."""
+    merged: dict[str, Any] = json.loads(json.dumps(base))
+    for key, value in extra.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), dict):
+            merged[key] = merged_json(merged[key], value)
+        else:
+            merged[key] = json.loads(json.dumps(value))
+    return merged
+
+
+def answer_text(reply: str) -> str:
+    """An evaluator's reply as the JSON text it should be: its one JSON object, also when
+    the model put it in a Markdown code block or said a word before it (an agent without a
+    schema-bound answer does that now and then). The reply itself when no object is found."""
+    text = reply.strip()
+    if text.startswith("{") and text.endswith("}"):
+        return text
+    fenced = _FENCED_JSON_RE.search(text)
+    if fenced:
+        return fenced.group(1).strip()
+    start, end = text.find("{"), text.rfind("}")
+    return text[start : end + 1] if 0 <= start < end else reply
+
+
+_FENCED_JSON_RE = re.compile(r"```(?:json)?\s*\n(\{.*\})\s*\n```", re.DOTALL)

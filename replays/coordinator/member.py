@@ -29,6 +29,7 @@ from replays.agents.base import (
     error_from_log,
     plain_text,
     read_tail,
+    readable_tail,
     write_private,
 )
 from replays.agents.problems import SetupKind, SetupProblem
@@ -284,12 +285,43 @@ class Member:
     def _run_turn(
         self, prepared: Prepared, turn: RunContext, invocation: Invocation, deadline: float
     ) -> tuple[Ending, AgentOutcome, float]:
-        """One process: start it in its sandbox, wait (the run's one deadline), and read
-        what it did: how it ended, its outcome, its seconds. A stopped agent's outcome
-        keeps only what it spent (its usage, cost, model time)."""
+        """One process (after the steps it needs first, Invocation.before): start it in its
+        sandbox, wait (the run's one deadline), and read what it did: how it ended, its
+        outcome, its seconds. A stopped agent's outcome keeps only what it spent (its
+        usage, cost, model time)."""
         env = runfolder.agent_environment(invocation.env, run_id=self.run.pk)
         cwd = turn.fork.cwd if turn.fork is not None else self.workspace
         started = time.monotonic()
+        for step in invocation.before:
+            first = replace(invocation, argv=step, stdin_path=None)
+            ending, not_started = self._run_process(prepared, first, env, cwd, deadline)
+            seconds = round(time.monotonic() - started, 3)
+            if not isinstance(ending, Exited):
+                return ending, AgentOutcome(), seconds
+            if not_started:
+                return ending, _sandbox_refused(not_started), seconds
+            if ending.code != 0:
+                return ending, _step_failed(prepared.adapter, step, ending, self.log_path), seconds
+        ending, not_started = self._run_process(prepared, invocation, env, cwd, deadline)
+        seconds = round(time.monotonic() - started, 3)
+        if not isinstance(ending, Exited):
+            return ending, self._partial_outcome(prepared.adapter, turn), seconds
+        if not_started:
+            return ending, _sandbox_refused(not_started), seconds
+        outcome = bounded(prepared.adapter.outcome(turn, exit_code=ending.code))
+        self._note(outcome.notes)
+        return ending, outcome, seconds
+
+    def _run_process(
+        self,
+        prepared: Prepared,
+        invocation: Invocation,
+        env: dict[str, str],
+        cwd: Path,
+        deadline: float,
+    ) -> tuple[Ending, str]:
+        """Start one of the agent's processes in its sandbox and wait for it: how it ended,
+        and why the sandbox could not start it ("" when it ran)."""
         with heartbeat_in_background(self.run.pk):  # git runs to prepare the sandbox
             sandboxed = self._sandboxed(prepared, invocation, env, cwd=cwd)
         try:
@@ -301,17 +333,11 @@ class Member:
                 agent_pid_create_time=self.agent.identity.create_time,
             )
             ending = self.agent.wait(deadline, self._beat)
-            seconds = round(time.monotonic() - started, 3)
             if not isinstance(ending, Exited):
-                return ending, self._partial_outcome(prepared.adapter, turn), seconds
-            not_started = sandboxed.failure(read_tail(self.log_path, max_bytes=16 * 1024))
+                return ending, ""
+            return ending, sandboxed.failure(read_tail(self.log_path, max_bytes=16 * 1024))
         finally:
             sandboxed.close()
-        if not_started:
-            return ending, _sandbox_refused(not_started), seconds
-        outcome = bounded(prepared.adapter.outcome(turn, exit_code=ending.code))
-        self._note(outcome.notes)
-        return ending, outcome, seconds
 
     def _sandboxed(
         self, prepared: Prepared, invocation: Invocation, env: dict[str, str], *, cwd: Path
@@ -527,6 +553,17 @@ def _result_values(result: Result) -> dict[str, Any]:
     if result.turns is not None:
         values["turns"] = result.turn_records
     return values
+
+
+def _step_failed(adapter: Agent, step: list[str], ending: Exited, log_path: Path) -> AgentOutcome:
+    """A step the agent needed before its turn (OpenCode importing the forked session)
+    failed: the run fails saying which and what it wrote."""
+    words = (
+        f"The agent could not prepare its session ({Path(step[0]).name} "
+        f"{' '.join(step[1:2])} exited with code {ending.code}):\n"
+        + readable_tail(adapter.render_log(read_tail(log_path)))
+    )
+    return AgentOutcome(failed=True, error=words)
 
 
 def _sandbox_refused(not_started: str) -> AgentOutcome:
