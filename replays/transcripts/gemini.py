@@ -446,31 +446,34 @@ def _project_folder(path: Path) -> Path | None:
 
 
 def _cwd(path: Path, parsed: _Parsed) -> str:
-    """The session's folder: the CLI's context message, .project_root, projects.json; each
-    taken only when it agrees with projectHash (when that is a SHA-256)."""
+    """The session's folder: what the session says itself (the CLI's context message, its
+    `directories`), else the project folder's .project_root or projects.json, taken only
+    when it agrees with projectHash (when that is a SHA-256): those say where the project
+    folder's name is used now, which need not be where this session ran."""
+    directories = parsed.meta.get("directories")
+    said = [parsed.cwd_hint]
+    if isinstance(directories, list):
+        said += [d for d in directories if isinstance(d, str)]
+    for folder in said:
+        if folder:
+            return folder
     project_hash = parsed.meta.get("projectHash")
     project_hash = (
         project_hash if isinstance(project_hash, str) and _SHA256_RE.match(project_hash) else ""
     )
-
-    def agrees(folder: str) -> bool:
-        return bool(folder) and (
-            not project_hash or hashlib.sha256(folder.encode()).hexdigest() == project_hash
-        )
-
-    candidates: list[str] = [parsed.cwd_hint]
-    directories = parsed.meta.get("directories")
-    if isinstance(directories, list):
-        candidates += [d for d in directories if isinstance(d, str)]
     project = _project_folder(path)
-    if project is not None:
-        try:
-            candidates.append((project / ".project_root").read_text(encoding="utf-8").strip())
-        except (OSError, UnicodeDecodeError):
-            pass
-        candidates += _registered_roots(project)
-    for folder in candidates:
-        if agrees(folder):
+    if project is None:
+        return ""
+    registered: list[str] = []
+    try:
+        registered.append((project / ".project_root").read_text(encoding="utf-8").strip())
+    except (OSError, UnicodeDecodeError):
+        pass
+    registered += _registered_roots(project)
+    for folder in registered:
+        if folder and (
+            not project_hash or hashlib.sha256(folder.encode()).hexdigest() == project_hash
+        ):
             return folder
     return ""
 

@@ -1,0 +1,317 @@
+"""Gemini CLI, OpenCode and pi as agents and evaluators, with the pinned real CLIs (tests/node:
+gemini 0.61.0, opencode 1.18.33, pi 0.73.1) against scripted model servers on loopback,
+through `manage.py replay --wait`, sandboxed as every run is.
+
+Gemini CLI talks to the fake Gemini API; OpenCode to the fake Anthropic API (its own
+`anthropic` provider, pointed there by its configuration); pi to the fake OpenAI Responses
+API (its own `openai` provider, pointed there by its models.json). The threads are the
+sessions the same CLIs wrote (tests/fixtures/transcripts/real/), copied with their folder
+pointed at this test's clone of the repository.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from replays import importing, pricing, repos
+from replays.models import Run, RunStatus, Thread
+from replays.transcripts.base import TokenUsage
+from tests.conftest import NODE_BIN, REAL_TRANSCRIPTS, manifest_session, require_tool
+from tests.fakes import anthropic_server, gemini_server, openai_server
+from tests.fakes.anthropic_server import AnthropicServer
+from tests.fakes.gemini_server import GeminiServer
+from tests.fakes.openai_server import OpenAIServer
+from tests.fakes.scripting import JSON, HttpError, Step, Text, ToolCall, Usage
+
+pytestmark = pytest.mark.cli
+
+MANAGE = Path(__file__).resolve().parent.parent / "manage.py"
+FIXTURE_FOLDER = "/var/tmp/replays-fixtures/textstats"
+GEMINI = "gemini:gemini-2.5-flash"
+OPENCODE = "opencode:anthropic/claude-sonnet-4-5"
+PI = "pi:openai/gpt-5"
+CLAUDE = "claude:claude-sonnet-4-5"
+CODEX = "codex:gpt-5.5"
+# Usage per answer, distinct so sums show each counted once (the cached part is inside
+# OpenAI's input; apart from Anthropic's and from Gemini's non-cached input).
+U1 = Usage(input_tokens=1200, output_tokens=30, cache_read_tokens=100, reasoning_tokens=7)
+U2 = Usage(input_tokens=1400, output_tokens=20, cache_read_tokens=300)
+U3 = Usage(input_tokens=900, output_tokens=40, cache_read_tokens=200, cache_write_5m_tokens=60)
+
+
+def agents_file(
+    path: Path, gemini: GeminiServer, anthropic: AnthropicServer, openai: OpenAIServer, **env: str
+) -> Path:
+    """The five agents, each at its fake server; `env` adds to every agent's (or, when a
+    value is "", takes a key away: a missing login)."""
+
+    def with_env(given: dict[str, str]) -> dict[str, str]:
+        merged = {**given, **env}
+        return {key: value for key, value in merged.items() if value}
+
+    agents = {
+        "gemini": {
+            "kind": "gemini", "binary": str(require_tool(NODE_BIN / "gemini", "make node")),
+            "env": with_env({"GEMINI_API_KEY": "fake-key", "GOOGLE_GEMINI_BASE_URL": gemini.url}),
+            "models": ["gemini-2.5-flash"],
+        },
+        "opencode": {
+            "kind": "opencode", "binary": str(require_tool(NODE_BIN / "opencode", "make node")),
+            "env": with_env({}),
+            "config": {"provider": {"anthropic": {"options": {
+                "baseURL": anthropic.api_url, **({} if env.get("ANTHROPIC_API_KEY") == "" else {"apiKey": "fake-key"})
+            }}}},
+            "models": ["anthropic/claude-sonnet-4-5"],
+        },
+        "pi": {
+            "kind": "pi", "binary": str(require_tool(NODE_BIN / "pi", "make node")),
+            "env": with_env({"OPENAI_API_KEY": "fake-key"}),
+            "models_json": {"providers": {"openai": {"baseUrl": openai.api_url}}},
+            "models": ["openai/gpt-5"],
+        },
+        "claude": {
+            "kind": "claude_code", "binary": str(require_tool(NODE_BIN / "claude", "make node")),
+            "env": {"ANTHROPIC_BASE_URL": anthropic.url, "ANTHROPIC_API_KEY": "fake-key"},
+            "permission_mode": "bypassPermissions", "models": ["claude-sonnet-4-5"],
+        },
+    }  # fmt: skip
+    path.write_text(json.dumps(agents))
+    return path
+
+
+@pytest.fixture
+def scene(process_env: dict[str, str], tmp_path: Path, user: Any, sample_repo: Path) -> Any:
+    class Scene:
+        checkout = sample_repo
+
+        def env(
+            self, gemini: GeminiServer, anthropic: AnthropicServer, openai: OpenAIServer, **env: str
+        ) -> dict[str, str]:
+            (tmp_path / "home").mkdir(exist_ok=True)
+            return {
+                **process_env,
+                "HOME": str(tmp_path / "home"),
+                "REPLAYS_AGENTS_FILE": str(agents_file(tmp_path / "agents.json", gemini, anthropic, openai, **env)),
+                "REPLAYS_RUN_ROOT": str(tmp_path / "runs"),
+                "REPLAYS_HEARTBEAT_SECONDS": "0.5",
+                "REPLAYS_MAX_PARALLEL_RUNS": "4",
+            }  # fmt: skip
+
+        def thread(self, name: str) -> Thread:
+            """The fixture session `name` as if it had run in the checkout (OpenCode's: its
+            `opencode export` document), imported for the user."""
+            session = manifest_session(name)
+            source = REAL_TRANSCRIPTS / session.get("export_path", session["path"])
+            copy = tmp_path / "history" / source.name
+            copy.parent.mkdir(parents=True, exist_ok=True)
+            copy.write_text(source.read_text().replace(FIXTURE_FOLDER, str(sample_repo)))
+            result = importing.import_transcript_file(path=copy, user=user)
+            assert result.thread is not None, result.error
+            return result.thread
+
+        def untouched(self) -> None:
+            status = subprocess.run(
+                ["git", "-C", str(sample_repo), "status", "--porcelain"],
+                capture_output=True, text=True, check=True,
+            ).stdout  # fmt: skip
+            assert status == "", status
+
+    return Scene()
+
+
+def replay(
+    env: dict[str, str],
+    thread: Thread,
+    first: int,
+    last: int,
+    *models: str,
+    extra: tuple[str, ...] = (),
+) -> subprocess.CompletedProcess[str]:
+    """`manage.py replay --wait` of requests first..last. Gemini CLI, OpenCode and pi record
+    no commit and no branch, and in this repository more than one commit could be the
+    baseline: the fixture's manifest answers the question a user would be asked."""
+    turns = {turn.index + 1: turn.message_uuid for turn in thread.turns.all()}
+    evaluator = () if "--evaluator" in extra else ("--evaluator", "tests")
+    argv = [
+        sys.executable, str(MANAGE), "replay", "--thread", str(thread.pk),
+        "--from", turns[first], "--to", turns[last],
+        *[arg for model in models for arg in ("--model", model)], *evaluator, *extra,
+        *_commits(thread, first, last), "--user", "alice",
+        "--verify-command", "true", "--yes", "--wait",
+    ]  # fmt: skip
+    return subprocess.run(
+        argv, env=env, text=True, capture_output=True, timeout=600, stdin=subprocess.DEVNULL
+    )
+
+
+def _commits(thread: Thread, first: int, last: int) -> list[str]:
+    manifest = json.loads((REAL_TRANSCRIPTS / "manifest.json").read_text())
+    session = next((s for s in manifest["sessions"] if s["session_id"] == thread.session_id), None)
+    if session is None or session["kind"] in ("claude_code", "codex"):
+        return []
+    turns = session["turns"][first - 1 : last]
+    ending = next((t["commit_after"] for t in reversed(turns) if t["commit_after"]), None)
+    return ["--baseline", turns[0]["head_before"], *(["--ending", ending] if ending else [])]
+
+
+def runs() -> dict[str, Run]:
+    return {run.model: run for run in Run.objects.all()}
+
+
+def completed(result: subprocess.CompletedProcess[str]) -> dict[str, Run]:
+    found = runs()
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert {run.status for run in found.values()} == {RunStatus.COMPLETED}, {
+        model: run.failure_message for model, run in found.items()
+    }
+    return found
+
+
+def by_key(plans: dict[str, list[Any]], position: Any, fallback: Step | None = None) -> Any:
+    """A script: the steps of the first plan whose key is in the latest prompt, by how many
+    answers follow it (a step may be a callable of the request); requests without tools
+    (OpenCode's title) get `fallback`."""
+
+    def script(body: JSON) -> Step:
+        if fallback is not None and not body.get("tools"):
+            return fallback
+        prompt, index = position(body)
+        for key, steps in plans.items():
+            if key in prompt and index < len(steps):
+                step = steps[index]
+                return step(body) if callable(step) else step
+        return HttpError(400, f"no scripted step for {prompt[:100]!r} at {index}")
+
+    return script
+
+
+TITLE = Text("A title", Usage(input_tokens=40, output_tokens=4))
+
+
+def gemini_usage(steps: list[Usage]) -> TokenUsage:
+    """Gemini's usage as disjoint kinds: its thoughts are output."""
+    return TokenUsage(
+        input_tokens=sum(s.input_tokens for s in steps),
+        output_tokens=sum(s.output_tokens + s.reasoning_tokens for s in steps),
+        cache_read_tokens=sum(s.cache_read_tokens for s in steps),
+    )
+
+
+def openai_usage(steps: list[Usage]) -> TokenUsage:
+    cached = sum(s.cache_read_tokens for s in steps)
+    return TokenUsage(
+        input_tokens=sum(s.input_tokens for s in steps) - cached,
+        output_tokens=sum(s.output_tokens for s in steps),
+        cache_read_tokens=cached,
+    )
+
+
+def anthropic_usage(steps: list[Usage]) -> TokenUsage:
+    return TokenUsage(
+        input_tokens=sum(s.input_tokens for s in steps),
+        output_tokens=sum(s.output_tokens for s in steps),
+        cache_read_tokens=sum(s.cache_read_tokens for s in steps),
+        cache_write_5m_tokens=sum(s.cache_write_5m_tokens for s in steps),
+    )
+
+
+# --- each tool replays its own request: the historical change, its usage and cost ---------
+
+
+LONGEST_WORD = '''
+
+def longest_word(text: str) -> str:
+    """The longest word ("" for text without words)."""
+    return max(text.split(), key=len, default="")
+'''
+WORD_RETURN = "    return len(text.split())\n"
+VOWEL_COUNT = '''
+
+def vowel_count(text: str) -> int:
+    """Number of vowels (a, e, i, o, u; either case)."""
+    return sum(1 for char in text.lower() if char in "aeiou")
+'''
+CONTRIBUTING = "# Contributing\n\nRun the tests with `python3 -m unittest`.\n"
+
+
+def test_each_tool_replays_its_own_request_to_the_historical_change(scene: Any) -> None:
+    """Request #1 of each tool's own session, replayed by that tool (the first request: cold)
+    with the edits its historical turn made: the run's diff is the historical one, its
+    tokens are what the server reported, its cost the tool's own (OpenCode, pi) or the
+    price table's (Gemini CLI, which reports none)."""
+    threads = {
+        name: scene.thread(name)
+        for name in ("gemini-longest-word", "opencode-contributing", "pi-vowel-count")
+    }
+    gemini_steps = [
+        ToolCall("edit", {"file_path": "textstats/core.py", "instruction": "Add longest_word.",
+                          "old_string": WORD_RETURN, "new_string": WORD_RETURN + LONGEST_WORD}, U1),
+        Text("Added longest_word.", U2),
+    ]  # fmt: skip
+    opencode_steps = [
+        ToolCall("write", {"filePath": "CONTRIBUTING.md", "content": CONTRIBUTING}, U3),
+        Text("Added CONTRIBUTING.md.", U2),
+    ]
+    pi_steps = [
+        ToolCall("edit", {"path": "textstats/core.py", "edits": [{"oldText": WORD_RETURN, "newText": WORD_RETURN + VOWEL_COUNT}]}, U1),
+        Text("Added vowel_count.", U2),
+    ]  # fmt: skip
+    with (
+        GeminiServer(by_key({"longest_word": gemini_steps}, gemini_server.conversation_position)) as gemini,
+        AnthropicServer(by_key({"CONTRIBUTING": opencode_steps}, anthropic_server.conversation_position, TITLE)) as anthropic,
+        OpenAIServer(by_key({"vowel_count": pi_steps}, openai_server.conversation_position)) as openai,
+    ):  # fmt: skip
+        env = scene.env(gemini, anthropic, openai)
+        results = {
+            model: replay(env, threads[name], 1, 1, model)
+            for name, model in (("gemini-longest-word", GEMINI), ("opencode-contributing", OPENCODE), ("pi-vowel-count", PI))
+        }  # fmt: skip
+    for model, result in results.items():
+        assert result.returncode == 0, (model, result.stdout + result.stderr)
+    found = runs()
+    assert {model: run.status for model, run in found.items()} == dict.fromkeys(
+        (GEMINI, OPENCODE, PI), RunStatus.COMPLETED
+    ), {model: run.failure_message for model, run in found.items()}
+
+    for name, model in (
+        ("gemini-longest-word", GEMINI),
+        ("opencode-contributing", OPENCODE),
+        ("pi-vowel-count", PI),
+    ):
+        turn = manifest_session(name)["turns"][0]
+        assert found[model].diff == repos.historical_diff(
+            scene.checkout, turn["head_before"], turn["commit_after"]
+        ), model
+    scene.untouched()
+
+    gemini_run, opencode_run, pi_run = found[GEMINI], found[OPENCODE], found[PI]
+    # Gemini CLI: the tokens the server reported (thoughts are output), priced from the table.
+    assert gemini_run.tokens == gemini_usage([U1, U2]).as_dict()
+    table = pricing.load_price_table()
+    assert gemini_run.cost_usd == pricing.round_usd(
+        pricing.cost_usd("gemini-2.5-flash", gemini_usage([U1, U2]), table)
+    )
+    # OpenCode: its own cost, the sum of its steps' (Sonnet 4.5 at 3 / 15 / 0.30 / 3.75).
+    assert opencode_run.tokens == anthropic_usage([U3, U2]).as_dict()
+    assert opencode_run.cost_usd == pricing.round_usd(
+        pricing.cost_usd("claude-sonnet-4-5", anthropic_usage([U3, U2]), table)
+    )
+    # pi: its own cost too (gpt-5 in its table); OpenAI's input holds the cached part.
+    assert pi_run.tokens == openai_usage([U1, U2]).as_dict()
+    assert pi_run.cost_usd == pricing.round_usd(
+        pricing.cost_usd("gpt-5", openai_usage([U1, U2]), table)
+    )
+    # The logs read as lines, not JSON.
+    for run in (gemini_run, opencode_run, pi_run):
+        assert not [line for line in run.log_tail.splitlines() if line.lstrip().startswith("{")], (
+            run.log_tail
+        )
+    assert "replace textstats/core.py" in gemini_run.log_tail
+    assert "write CONTRIBUTING.md" in opencode_run.log_tail
+    assert "edit textstats/core.py" in pi_run.log_tail
