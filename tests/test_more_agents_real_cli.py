@@ -156,8 +156,9 @@ def _commits(thread: Thread, first: int, last: int) -> list[str]:
     if session is None or session["kind"] in ("claude_code", "codex"):
         return []
     turns = session["turns"][first - 1 : last]
+    # A range that committed nothing ends where it began: no change.
     ending = next((t["commit_after"] for t in reversed(turns) if t["commit_after"]), None)
-    return ["--baseline", turns[0]["head_before"], *(["--ending", ending] if ending else [])]
+    return ["--baseline", turns[0]["head_before"], "--ending", ending or turns[0]["head_before"]]
 
 
 def runs() -> dict[str, Run]:
@@ -315,3 +316,169 @@ def test_each_tool_replays_its_own_request_to_the_historical_change(scene: Any) 
     assert "replace textstats/core.py" in gemini_run.log_tail
     assert "write CONTRIBUTING.md" in opencode_run.log_tail
     assert "edit textstats/core.py" in pi_run.log_tail
+
+
+# --- forks of each tool's own session, and ranges turn by turn --------------------------
+
+
+NOTES = "# Notes\n\n`longest_word` returns an empty string for text without words.\n"
+VERBOSE = "For every test's name, run `python3 -m unittest -v`.\n"
+RUN_LINE = "Run the tests with `python3 -m unittest`.\n"
+
+
+def gemini_history(body: JSON) -> list[str]:
+    """What came before the request's own prompt: each part's kind (text, functionCall...)."""
+    contents = body["contents"]
+    last = max(
+        i
+        for i, c in enumerate(contents)
+        if c["role"] == "user" and any("text" in p for p in c["parts"])
+    )
+    return [next(iter(part)) for content in contents[:last] for part in content["parts"]]
+
+
+def anthropic_history(body: JSON) -> list[str]:
+    return [
+        block.get("type", "text") if isinstance(block, dict) else "text"
+        for message in body["messages"][:-1]
+        for block in (
+            message["content"] if isinstance(message["content"], list) else [message["content"]]
+        )
+    ]
+
+
+def openai_history(body: JSON) -> list[str]:
+    items = body["input"]
+    last = max(i for i, item in enumerate(items) if item.get("role") == "user")
+    return [item.get("role") or item["type"] for item in items[:last]]
+
+
+def test_a_later_request_forks_each_tools_own_session(scene: Any) -> None:
+    """Request #2 of each tool's session, forked by the same tool: its turn 1 (request, tool
+    calls and results, answer) reaches the model before request #2, the history names the
+    run's worktree, and the change is the historical one, made in the worktree."""
+    names = {GEMINI: "gemini-longest-word", OPENCODE: "opencode-contributing", PI: "pi-vowel-count"}
+    threads = {model: scene.thread(name) for model, name in names.items()}
+    gemini_steps = [
+        ToolCall("write", {"file_path": "NOTES.md", "content": NOTES}, U1),
+        Text("Wrote NOTES.md.", U2),
+    ]
+    opencode_steps = [
+        ToolCall("edit", {"filePath": "CONTRIBUTING.md", "oldString": RUN_LINE, "newString": RUN_LINE + VERBOSE}, U3),
+        Text("Mentioned it.", U2),
+    ]  # fmt: skip
+    pi_steps = [Text("It defines 2 functions.", U2)]
+    with (
+        GeminiServer(by_key({"NOTES.md": gemini_steps}, gemini_server.conversation_position)) as gemini,
+        AnthropicServer(by_key({"unittest -v": opencode_steps}, anthropic_server.conversation_position, TITLE)) as anthropic,
+        OpenAIServer(by_key({"How many functions": pi_steps}, openai_server.conversation_position)) as openai,
+    ):  # fmt: skip
+        env = scene.env(gemini, anthropic, openai)
+        results = {
+            model: replay(env, threads[model], 2, 2, model, extra=("--context", "fork"))
+            for model in names
+        }
+    for model, result in results.items():
+        assert result.returncode == 0, (model, result.stdout + result.stderr)
+        assert f"context of {model}: fork" in result.stdout
+    found = runs()
+    assert {model: run.status for model, run in found.items()} == dict.fromkeys(
+        names, RunStatus.COMPLETED
+    ), {model: run.failure_message for model, run in found.items()}
+    for model, name in names.items():
+        turns = manifest_session(name)["turns"]
+        end = turns[1]["commit_after"] or turns[1]["head_before"]
+        assert found[model].diff == repos.historical_diff(
+            scene.checkout, turns[1]["head_before"], end
+        ), model
+        assert found[model].configuration["context"] == "fork"
+    scene.untouched()
+
+    # What each model was sent first for request #2: turn 1, whole, then the request.
+    first_gemini = next(
+        b for b in gemini.model_requests if "NOTES.md" in gemini_server.conversation_position(b)[0]
+    )
+    assert gemini_history(first_gemini).count("functionCall") == 3  # read, replace, shell
+    assert "Add a longest_word function" in json.dumps(first_gemini["contents"])
+    first_opencode = next(
+        b
+        for b in anthropic.model_requests
+        if b.get("tools") and "unittest -v" in anthropic_server.conversation_position(b)[0]
+    )
+    assert anthropic_history(first_opencode).count("tool_use") == 2  # write, bash
+    assert "Add a CONTRIBUTING.md" in json.dumps(first_opencode["messages"])
+    first_pi = next(
+        b
+        for b in openai.model_requests
+        if "How many functions" in openai_server.conversation_position(b)[0]
+    )
+    assert openai_history(first_pi).count("function_call") == 3  # read, edit, bash
+    assert "Add a vowel_count function" in json.dumps(first_pi["input"])
+    # The history names the run's worktree, never the user's checkout.
+    for model, sent in ((GEMINI, first_gemini), (OPENCODE, first_opencode), (PI, first_pi)):
+        text = json.dumps(sent)
+        assert str(scene.checkout) not in text, model
+        assert found[model].workspace_path in text, model
+    # Each model's usage is this request's alone (not the forked history's).
+    assert found[GEMINI].tokens == gemini_usage([U1, U2]).as_dict()
+    assert found[OPENCODE].tokens == anthropic_usage([U3, U2]).as_dict()
+    assert found[PI].tokens == openai_usage([U2]).as_dict()
+
+
+def test_a_two_request_range_is_two_turns_of_each_tools_own_session(scene: Any) -> None:
+    """Requests #1 and #2 from a cold start, each its own turn: the second process resumes
+    the session the first one made (its history arrives with request #2)."""
+    names = {GEMINI: "gemini-longest-word", OPENCODE: "opencode-contributing", PI: "pi-vowel-count"}
+    threads = {model: scene.thread(name) for model, name in names.items()}
+    gemini_script = by_key(
+        {"longest_word function": [Text("Looked at it.", U1)], "NOTES.md": [Text("Done too.", U2)]},
+        gemini_server.conversation_position,
+    )
+    opencode_script = by_key(
+        {"Add a CONTRIBUTING": [Text("Looked at it.", U3)], "unittest -v": [Text("Done too.", U2)]},
+        anthropic_server.conversation_position, TITLE,
+    )  # fmt: skip
+    pi_script = by_key(
+        {
+            "vowel_count function": [Text("Looked at it.", U1)],
+            "How many functions": [Text("Two.", U2)],
+        },
+        openai_server.conversation_position,
+    )
+    with (
+        GeminiServer(gemini_script) as gemini,
+        AnthropicServer(opencode_script) as anthropic,
+        OpenAIServer(pi_script) as openai,
+    ):
+        env = scene.env(gemini, anthropic, openai)
+        results = {model: replay(env, threads[model], 1, 2, model) for model in names}
+    for model, result in results.items():
+        assert result.returncode == 0, (model, result.stdout + result.stderr)
+    found = runs()
+    for model in names:
+        run = found[model]
+        assert run.status == RunStatus.COMPLETED, run.failure_message
+        assert len(run.turns) == 2 and run.turns[0]["session_id"] == run.turns[1]["session_id"], (
+            run.turns
+        )
+    # The second request arrived after the first one's exchange, in the same conversation.
+    second_gemini = next(
+        b for b in gemini.model_requests if "NOTES.md" in gemini_server.conversation_position(b)[0]
+    )
+    assert "Looked at it." in json.dumps(second_gemini["contents"])
+    second_opencode = next(
+        b
+        for b in anthropic.model_requests
+        if b.get("tools") and "unittest -v" in anthropic_server.conversation_position(b)[0]
+    )
+    assert "Looked at it." in json.dumps(second_opencode["messages"])
+    second_pi = next(
+        b
+        for b in openai.model_requests
+        if "How many functions" in openai_server.conversation_position(b)[0]
+    )
+    assert "Looked at it." in json.dumps(second_pi["input"])
+    # Each turn's usage is its own; the run's is their sum.
+    assert found[GEMINI].tokens == gemini_usage([U1, U2]).as_dict()
+    assert found[OPENCODE].tokens == anthropic_usage([U3, U2]).as_dict()
+    assert found[PI].tokens == openai_usage([U1, U2]).as_dict()
