@@ -482,3 +482,95 @@ def test_a_two_request_range_is_two_turns_of_each_tools_own_session(scene: Any) 
     assert found[GEMINI].tokens == gemini_usage([U1, U2]).as_dict()
     assert found[OPENCODE].tokens == anthropic_usage([U3, U2]).as_dict()
     assert found[PI].tokens == openai_usage([U1, U2]).as_dict()
+
+
+# --- judging ---------------------------------------------------------------------------------
+
+
+CHECKS_KEY = "write down what the request required"
+VERDICT_KEY = "You are judging two attempts"
+
+
+def judge_answer(prompt: str) -> dict[str, Any] | None:
+    """What a fair evaluator answers: the checks, or a verdict for the attempt that changed
+    something (a tie when both or neither did)."""
+    if CHECKS_KEY in prompt:
+        return {"checks": [{"text": "line_count counts lines"}, {"text": "it has a unit test"}]}
+    if VERDICT_KEY not in prompt:
+        return None
+    attempt_a, _, attempt_b = prompt.partition("## Attempt B")
+    has_a = "(no changes)" not in attempt_a.partition("## Attempt A")[2]
+    has_b = "(no changes)" not in attempt_b
+    return {
+        "checks": [
+            {"id": "c1", "a": has_a, "b": has_b, "reason": "the diff adds line_count"},
+            {"id": "c2", "a": has_a, "b": has_b, "reason": "the diff adds a test"},
+        ],
+        "score_a": 0.95 if has_a else 0.05,
+        "score_b": 0.95 if has_b else 0.05,
+        "preferred": "tie" if has_a == has_b else ("A" if has_a else "B"),
+        "reason": "Only one attempt does the work.",
+    }
+
+
+def judging(last_text: Any, wrap: Any) -> Any:
+    usage = Usage(input_tokens=2000, output_tokens=120, cache_read_tokens=500)
+
+    def script(body: JSON) -> Step:
+        answer = judge_answer(last_text(body))
+        return TITLE if answer is None else Text(wrap(json.dumps(answer)), usage)
+
+    return script
+
+
+@pytest.mark.parametrize("evaluator", [GEMINI, OPENCODE, PI])
+def test_each_tool_judges_history_a_tie_with_itself_and_no_change_a_loss(
+    scene: Any, real_threads: Any, evaluator: str
+) -> None:
+    """The calibration baselines of a Claude Code request, judged by each tool: Gemini CLI
+    answers through the Gemini API's structured output (the schema sent, no tool offered),
+    OpenCode as an agent with no tool (its answer in a code block, taken out), pi with no
+    tool; history ties with itself, no change loses, both orders agree."""
+    gemini_judge = judging(gemini_server.last_user_text, lambda text: text)
+    opencode_judge = judging(
+        anthropic_server.last_user_text, lambda text: f"Here it is:\n```json\n{text}\n```"
+    )
+    pi_judge = judging(openai_server.last_user_text, lambda text: text)
+    thread = real_threads["claude-line-count"]
+    first = thread.turns.get(index=0)
+    with (
+        GeminiServer(gemini_judge) as gemini,
+        AnthropicServer(opencode_judge) as anthropic,
+        OpenAIServer(pi_judge) as openai,
+    ):
+        env = scene.env(gemini, anthropic, openai)
+        result = subprocess.run(
+            [sys.executable, str(MANAGE), "replay", "--thread", str(thread.pk),
+             "--from", first.message_uuid, "--model", "historical", "--model", "empty",
+             "--repository", str(scene.checkout), "--evaluator", evaluator,
+             "--user", "alice", "--yes", "--wait"],
+            env=env, text=True, capture_output=True, timeout=600, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    found = runs()
+    historical, empty = found["historical"].current_report, found["empty"].current_report
+    assert (historical.winner, historical.consistent) == ("tie", True), historical.reason
+    assert (empty.winner, empty.consistent) == ("historical", True), empty.reason
+    assert empty.evaluator == evaluator
+    assert empty.evaluator_cost_usd is not None and empty.evaluator_cost_usd > 0
+    # One checks call for both runs, then two verdicts per run; the model was offered no tool.
+    if evaluator == GEMINI:
+        judged = gemini.model_requests
+        assert all(gemini_server.declared_tools(body) == [] for body in judged)
+        # The answer's schema went to the API as its structured output.
+        config = judged[0]["generationConfig"]
+        assert config["responseMimeType"] == "application/json"
+        assert config["responseJsonSchema"]["required"] == ["checks"]
+    elif evaluator == OPENCODE:
+        # (OpenCode asks its small model for each session's title as well.)
+        judged = [body for body in anthropic.model_requests if body["model"] == "claude-sonnet-4-5"]
+        assert all(not body.get("tools") for body in judged)
+    else:
+        judged = openai.model_requests
+        assert all(not body.get("tools") for body in judged)
+    assert len(judged) == 5

@@ -13,7 +13,8 @@ MODEL --print-logs --log-level ERROR [--auto] *args` with the request on stdin (
 reads a prompt piped to it; in argv it would quote a prompt with spaces). Each run gets its
 own HOME in the run folder (`opencode-home`), its data, config, cache and state folders
 (XDG_*) inside it, holding only the seed files; `config` is OpenCode's configuration
-(OPENCODE_CONFIG_CONTENT), with no auto-update and no sharing. `--auto` approves what
+(OPENCODE_CONFIG_CONTENT), with no auto-update, no sharing and no session title asked of a
+small model (a call OpenCode's events never count). `--auto` approves what
 OpenCode would ask about (the run is sandboxed and its worktree its own). Its database
 (`opencode-home/.local/share/opencode/opencode.db`) stays with the run.
 
@@ -421,7 +422,10 @@ def _home_environment(home: Path) -> dict[str, str]:
 
 
 def _with_defaults(config: Mapping[str, Any]) -> dict[str, Any]:
-    return merged_json({"autoupdate": False, "share": "disabled"}, config)
+    """The entry's configuration over ours: no update, no sharing, and no title asked of the
+    small model (OpenCode's events never count that call: a run's cost would leave it out)."""
+    defaults = {"autoupdate": False, "share": "disabled", "agent": {"title": {"disable": True}}}
+    return merged_json(defaults, config)
 
 
 def _session_argument(session_id: str) -> str:
