@@ -20,7 +20,8 @@ from typing import Any
 import pytest
 
 from replays import importing, pricing, repos
-from replays.models import Run, RunStatus, Thread
+from replays.evaluation import leaderboard
+from replays.models import FailureCode, Run, RunStatus, Thread
 from replays.transcripts.base import TokenUsage
 from tests.conftest import NODE_BIN, REAL_TRANSCRIPTS, manifest_session, require_tool
 from tests.fakes import anthropic_server, gemini_server, openai_server
@@ -132,6 +133,7 @@ def replay(
     last: int,
     *models: str,
     extra: tuple[str, ...] = (),
+    repository: Path | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """`manage.py replay --wait` of requests first..last. Gemini CLI, OpenCode and pi record
     no commit and no branch, and in this repository more than one commit could be the
@@ -143,6 +145,7 @@ def replay(
         "--from", turns[first], "--to", turns[last],
         *[arg for model in models for arg in ("--model", model)], *evaluator, *extra,
         *_commits(thread, first, last), "--user", "alice",
+        *(("--repository", str(repository)) if repository is not None else ()),
         "--verify-command", "true", "--yes", "--wait",
     ]  # fmt: skip
     return subprocess.run(
@@ -574,3 +577,156 @@ def test_each_tool_judges_history_a_tie_with_itself_and_no_change_a_loss(
         judged = openai.model_requests
         assert all(not body.get("tools") for body in judged)
     assert len(judged) == 5
+
+
+# --- across agents: one agent's request replayed by the others, judged, on one leaderboard ---
+
+
+def combined(candidate: Any, last_text: Any) -> Any:
+    """A script that judges (checks and verdicts, in JSON) and otherwise answers as the
+    candidate's script says."""
+    usage = Usage(input_tokens=2000, output_tokens=120, cache_read_tokens=500)
+
+    def script(body: JSON) -> Step:
+        answer = judge_answer(last_text(body))
+        return candidate(body) if answer is None else Text(json.dumps(answer), usage)
+
+    return script
+
+
+def test_requests_cross_agents_with_the_digest_and_one_leaderboard_ranks_them_all(
+    scene: Any, real_threads: Any, user: Any
+) -> None:
+    """A Claude Code request replayed by Gemini CLI, OpenCode and pi (each gets the digest of
+    request #1: none of them resumes a Claude Code session), judged by Gemini CLI; and a
+    Gemini CLI request replayed by Claude Code (the digest too), judged by pi. The
+    leaderboard lists every agent's model."""
+    claude_thread = real_threads["claude-cli"]
+    gemini_thread = real_threads["gemini-longest-word"]
+    flag = ToolCall("write", {"file_path": "lines_flag.txt", "content": "--lines\n"}, U1)
+    gemini_script = combined(
+        by_key(
+            {"--lines": [flag, Text("Added the flag.", U2)]}, gemini_server.conversation_position
+        ),
+        gemini_server.last_user_text,
+    )
+    anthropic_script = by_key(
+        {
+            "--lines": [ToolCall("write", {"filePath": "lines_flag.txt", "content": "--lines\n"}, U3), Text("Added it.", U2)],
+            "NOTES.md": [ToolCall("write", {"file_path": "NOTES.md", "content": NOTES}, U3), Text("Wrote NOTES.md.", U2)],
+        },
+        anthropic_server.conversation_position, TITLE,
+    )  # fmt: skip
+    pi_script = combined(
+        by_key({"--lines": [ToolCall("write", {"path": "lines_flag.txt", "content": "--lines\n"}, U1), Text("Added.", U2)]},
+               openai_server.conversation_position),
+        openai_server.last_user_text,
+    )  # fmt: skip
+    with (
+        GeminiServer(gemini_script) as gemini,
+        AnthropicServer(anthropic_script) as anthropic,
+        OpenAIServer(pi_script) as openai,
+    ):
+        env = scene.env(gemini, anthropic, openai)
+        forward = replay(
+            env,
+            claude_thread,
+            2,
+            2,
+            GEMINI,
+            OPENCODE,
+            PI,
+            "historical",
+            extra=("--evaluator", GEMINI),
+            repository=scene.checkout,
+        )
+        backward = replay(
+            env, gemini_thread, 2, 2, CLAUDE, extra=("--evaluator", PI), repository=scene.checkout
+        )
+    for result in (forward, backward):
+        assert result.returncode == 0, result.stdout + result.stderr
+    found = runs()
+    assert {model: run.status for model, run in found.items()} == dict.fromkeys(
+        (GEMINI, OPENCODE, PI, "historical", CLAUDE), RunStatus.COMPLETED
+    ), {model: run.failure_message for model, run in found.items()}
+    for model in (GEMINI, OPENCODE, PI):
+        assert (
+            f"context of {model}: digest (a later request; no fork: the thread is a Claude Code session"
+            in forward.stdout
+        )
+        run = found[model]
+        assert run.configuration["context"] == "digest"
+        assert repos.changed_files(run.diff) == ["lines_flag.txt"]  # in the worktree's top
+        report = run.current_report
+        assert report is not None and report.evaluator == GEMINI and report.winner is not None
+    assert (
+        f"context of {CLAUDE}: digest (a later request; no fork: the thread is a Gemini CLI session"
+        in backward.stdout
+    )
+    # The digest: request #1 and the agent's answer to it, then the request.
+    sent = next(
+        b for b in gemini.model_requests if "--lines" in gemini_server.conversation_position(b)[0]
+    )
+    prompt = gemini_server.conversation_position(sent)[0]
+    assert prompt.index("## Request #1") < prompt.index("python3 -m textstats")
+    claude_sent = next(
+        b
+        for b in anthropic.model_requests
+        if "NOTES.md" in anthropic_server.conversation_position(b)[0]
+        and "## Request #1" in anthropic_server.conversation_position(b)[0]
+    )
+    assert "Add a longest_word function" in anthropic_server.conversation_position(claude_sent)[0]
+    claude_report = found[CLAUDE].current_report
+    assert (
+        claude_report is not None
+        and claude_report.evaluator == PI
+        and claude_report.winner is not None
+    )
+
+    # One leaderboard: a row for each agent's model, the agents to filter by.
+    board = leaderboard.leaderboard(
+        user=user, filters=leaderboard.parse_filters({"evaluator": GEMINI})
+    )
+    assert {GEMINI, OPENCODE, PI} <= set(board.models)
+    assert board.choices is not None
+    agents = {choice.value for choice in board.choices.agents}
+    assert {"gemini", "opencode", "pi", "claude"} <= agents
+    board = leaderboard.leaderboard(
+        user=user, filters=leaderboard.parse_filters({"evaluator": GEMINI, "agent": "pi"})
+    )
+    assert [row.model for row in board.rows if not row.baseline] == [PI]
+
+
+# --- setup failures: no login ------------------------------------------------------------
+
+
+def test_a_tool_given_no_key_fails_as_setup_in_its_own_words(scene: Any) -> None:
+    """Each tool run without a key (its own home has none): the run fails as `setup`, not
+    the model's failure, saying what the tool said, and the model was never asked."""
+    names = {GEMINI: "gemini-longest-word", OPENCODE: "opencode-contributing", PI: "pi-vowel-count"}
+    threads = {model: scene.thread(name) for model, name in names.items()}
+    never = HttpError(500, "no model may be asked without a key")
+    with (
+        GeminiServer([never]) as gemini,
+        AnthropicServer([never]) as anthropic,
+        OpenAIServer([never]) as openai,
+    ):
+        env = scene.env(
+            gemini, anthropic, openai, GEMINI_API_KEY="", OPENAI_API_KEY="", ANTHROPIC_API_KEY=""
+        )
+        for model in names:
+            replay(env, threads[model], 1, 1, model)
+        asked = gemini.model_requests + anthropic.model_requests + openai.model_requests
+    found = runs()
+    for model in names:
+        run = found[model]
+        assert (run.status, run.failure_code) == (RunStatus.FAILED, FailureCode.SETUP), (
+            model,
+            run.failure_message,
+        )
+    assert "must specify the GEMINI_API_KEY" in found[GEMINI].failure_message
+    assert "Anthropic API key is missing" in found[OPENCODE].failure_message
+    assert "No API key found for openai." in found[PI].failure_message
+    for run in found.values():
+        assert "Setup problem (not logged in)" in run.failure_message  # with its fix
+    assert asked == []

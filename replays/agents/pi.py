@@ -533,7 +533,7 @@ def _count(value: object) -> int:
 
 # pi starts an API error's message with its HTTP status ("401 Incorrect API key provided").
 _STATUS_RE = re.compile(r"^\s*(\d{3})\b")
-_NO_KEY_RE = re.compile(r"No API key found for ([\w.-]+)")
+_NO_KEY_RE = re.compile(r"No API key found for ([\w-]+(?:\.[\w-]+)*)")
 
 
 def setup_problem(error: str, log: str) -> SetupProblem | None:

@@ -36,7 +36,9 @@ _EXPLAINED: dict[SetupKind, tuple[str, str]] = {
         "Not logged in",
         "A run's agent starts with a home of its own holding only the agent's seed_files: "
         "give it your login there (for claude `.claude/.credentials.json`, for codex "
-        "`auth.json`) or an API key through its `env` (REPLAYS_AGENTS_FILE).",
+        "`auth.json`, for gemini `.gemini/oauth_creds.json`, for opencode "
+        "`.local/share/opencode/auth.json`, for pi `.pi/agent/auth.json`) or an API key "
+        "through its `env` (REPLAYS_AGENTS_FILE).",
     ),
     SetupKind.CREDENTIALS: (
         "Credentials refused or missing",
