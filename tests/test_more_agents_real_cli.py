@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from replays import importing, pricing, repos
+from replays import agents, importing, pricing, repos
 from replays.evaluation import leaderboard
 from replays.models import FailureCode, Run, RunStatus, Thread
 from replays.transcripts.base import TokenUsage
@@ -730,3 +730,25 @@ def test_a_tool_given_no_key_fails_as_setup_in_its_own_words(scene: Any) -> None
     for run in found.values():
         assert "Setup problem (not logged in)" in run.failure_message  # with its fix
     assert asked == []
+
+
+def test_opencode_and_pi_list_the_models_their_logins_reach(settings: Any) -> None:
+    """With "discover_models", the models the tool itself lists for the entry's key come
+    after those the entry names (Gemini CLI lists none: it refuses the key)."""
+    settings.REPLAYS_AGENTS = {
+        "opencode": {
+            "kind": "opencode", "binary": str(require_tool(NODE_BIN / "opencode", "make node")),
+            "models": ["anthropic/claude-sonnet-4-5"], "env": {"ANTHROPIC_API_KEY": "fake"},
+            "discover_models": True,
+        },
+        "pi": {
+            "kind": "pi", "binary": str(require_tool(NODE_BIN / "pi", "make node")),
+            "models": [], "env": {"OPENAI_API_KEY": "fake"}, "discover_models": True,
+        },
+    }  # fmt: skip
+    found = [info.id for info in agents.discover_models()]
+    assert found.index("opencode:anthropic/claude-sonnet-4-5") < found.index(
+        "opencode:anthropic/claude-opus-4-5"
+    )
+    assert "pi:openai/gpt-5" in found
+    assert not any(model.startswith("pi:anthropic/") for model in found)  # no key for it

@@ -409,7 +409,8 @@ def _listed_models(
     with tempfile.TemporaryDirectory() as folder:
         home = Path(folder)
         (home / AGENT_DIR).mkdir(parents=True)
-        (home / MODELS_FILE).write_text(models_json)
+        if models_json != "{}":
+            (home / MODELS_FILE).write_text(models_json)
         environment = {**run_environment({"env": dict(env)}), **_home_environment(home)}
         try:
             completed = subprocess.run(
@@ -421,7 +422,8 @@ def _listed_models(
     if completed.returncode != 0:
         return ()
     found = []
-    for line in completed.stdout.splitlines()[1:]:  # under the header row
+    # pi 0.73.1 prints the table on stderr.
+    for line in (completed.stdout or completed.stderr).splitlines()[1:]:  # under the header
         match = _MODEL_ROW_RE.match(line.strip())
         if match:
             found.append(f"{match.group(1)}/{match.group(2)}")
