@@ -204,7 +204,8 @@ def _agents() -> dict[str, dict[str, object]]:
     return agents
 
 
-# Without a file: the Codex CLI and Claude Code as installed on PATH, with their usual models.
+# Without a file: the Codex CLI, Claude Code, Gemini CLI, OpenCode and pi as installed on
+# PATH, with their usual models (OpenCode's and pi's are `provider/model`).
 DEFAULT_AGENTS: dict[str, dict[str, object]] = {
     "codex": {
         "kind": "codex",
@@ -217,6 +218,24 @@ DEFAULT_AGENTS: dict[str, dict[str, object]] = {
         "label": "Claude Code",
         "binary": "claude",
         "models": ["claude-sonnet-4-5", "claude-opus-4-5", "claude-haiku-4-5"],
+    },
+    "gemini": {
+        "kind": "gemini",
+        "label": "Gemini CLI",
+        "binary": "gemini",
+        "models": ["gemini-2.5-pro", "gemini-2.5-flash"],
+    },
+    "opencode": {
+        "kind": "opencode",
+        "label": "OpenCode",
+        "binary": "opencode",
+        "models": ["anthropic/claude-sonnet-4-5", "openai/gpt-5"],
+    },
+    "pi": {
+        "kind": "pi",
+        "label": "pi",
+        "binary": "pi",
+        "models": ["anthropic/claude-sonnet-4-5", "openai/gpt-5"],
     },
 }
 REPLAYS_AGENTS = _agents() if REPLAYS_AGENTS_FILE else DEFAULT_AGENTS
