@@ -82,14 +82,14 @@ def test_setup_demo_imports_the_samples_clones_the_repository_and_sets_a_passwor
     out = io.StringIO()
     call_command("setup_demo", "--no-replay", stdout=out, stderr=io.StringIO())
     text = out.getvalue()
-    assert "4 new" in text
+    assert "7 new" in text
     password = text.split("and password ")[1].split()[0]
     assert User.objects.get(username="demo").check_password(password)
     assert (var_dir / "sample-repo" / ".git").is_dir()
     assert "manage.py replay --thread" in text
     again = io.StringIO()
     call_command("setup_demo", "--no-replay", stdout=again, stderr=io.StringIO())
-    assert "4 unchanged" in again.getvalue() and "Reset the password" in again.getvalue()
+    assert "7 unchanged" in again.getvalue() and "Reset the password" in again.getvalue()
 
 
 def test_setup_demo_lands_on_a_finished_judged_replay_once(
