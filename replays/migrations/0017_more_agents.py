@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('replays', '0015_api_tokens'),
+        ('replays', '0016_diff_cut'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
