@@ -19,6 +19,7 @@ from replays.agents.gemini import GeminiAgent
 from replays.agents.opencode import OpenCodeAgent
 from replays.agents.pi import PiAgent
 from replays.agents.problems import MISSING, READY, UNKNOWN, SetupKind
+from replays.runspec import RunSpec
 from replays.transcripts.base import TokenUsage
 
 GEMINI_OK = "\n".join(
@@ -106,7 +107,7 @@ def context(tmp_path: Path, log: str, **extra: Any) -> RunContext:
     request = run_dir / "request.md"
     request.write_text("make hello")
     return RunContext(
-        run_id=1, model="m", configuration={}, run_dir=run_dir, workspace=tmp_path / "work",
+        run_id=1, model="m", spec=RunSpec(), run_dir=run_dir, workspace=tmp_path / "work",
         request_file=request, log_path=log_path, **extra,
     )  # fmt: skip
 
