@@ -21,6 +21,7 @@ fallback should never be needed for diffs made here.
 
 from __future__ import annotations
 
+import contextvars
 import fcntl
 import hashlib
 import math
@@ -33,6 +34,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 from replays import processes
 
@@ -147,6 +149,29 @@ def _environment(extra: dict[str, str] | None = None, *, untrusted: bool = False
     return env
 
 
+# Within memoized_reads(): git's answers to read-only commands, by everything they depend
+# on (a scan of a whole history asks the same questions of one repository many times).
+_READS: contextvars.ContextVar[dict[Any, Any] | None] = contextvars.ContextVar(
+    "replays_git_reads", default=None
+)
+_READ_ONLY = frozenset(
+    {"rev-parse", "rev-list", "log", "cat-file", "diff", "show", "ls-tree", "for-each-ref",
+     "merge-base", "branch", "name-rev", "describe"}
+)  # fmt: skip
+
+
+@contextmanager
+def memoized_reads() -> Iterator[None]:
+    """Remember git's answers to read-only commands until the block ends: for work that
+    reads many requests of the same repositories at one moment (a campaign's scan), where
+    the repositories are taken as they are at that moment."""
+    token = _READS.set({})
+    try:
+        yield
+    finally:
+        _READS.reset(token)
+
+
 def _run_git(
     cwd: Path,
     args: list[str],
@@ -163,6 +188,36 @@ def _run_git(
     raises GitError naming the command and git's stderr. With `tree`, git works on a
     tree someone else wrote in without trusting anything in it (see UntrustedTree).
     """
+    reads = _READS.get()
+    if reads is None or tree is not None or not args or args[0] not in _READ_ONLY:
+        return _run_git_now(
+            cwd, args, input_bytes=input_bytes, env=env, timeout=timeout, ok_codes=ok_codes,
+            tree=tree,
+        )  # fmt: skip
+    key = (str(cwd), tuple(args), input_bytes, tuple(sorted((env or {}).items())), ok_codes)
+    if key not in reads:
+        try:
+            reads[key] = _run_git_now(
+                cwd, args, input_bytes=input_bytes, env=env, timeout=timeout, ok_codes=ok_codes
+            )
+        except GitError as exc:
+            reads[key] = exc
+    answer = reads[key]
+    if isinstance(answer, GitError):
+        raise answer
+    return answer
+
+
+def _run_git_now(
+    cwd: Path,
+    args: list[str],
+    *,
+    input_bytes: bytes | None = None,
+    env: dict[str, str] | None = None,
+    timeout: float = GIT_TIMEOUT_SECONDS,
+    ok_codes: tuple[int, ...] = (0,),
+    tree: UntrustedTree | None = None,
+) -> subprocess.CompletedProcess[bytes]:
     argv = ["git", *(tree.git_args if tree else []), *args]
     command = " ".join(argv)
     if tree is not None:
