@@ -576,10 +576,13 @@ def estimate(
     models_cost = [_decimal(item["cost_usd"]) for item in per_model.values()]
     total = _sum([*models_cost, _decimal(judging)])
     capacity = max(1, int(settings.REPLAYS_MAX_PARALLEL_RUNS))
+    runs = len(selected) * len(configuration["models"])
     return {
         "models": {model: {**item, "cost_usd": _text(item["cost_usd"])}
                    for model, item in per_model.items()},  # fmt: skip
         "evaluator_cost_usd": _text(judging),
+        # Each member holds its share of the judging within the budget until it is judged.
+        "evaluator_per_run_usd": _text(judging / runs if judging is not None and runs else None),
         "total_cost_usd": _text(total),
         "runs": len(selected) * len(configuration["models"]),
         "seconds": round(seconds_total / capacity, 1),
@@ -944,8 +947,11 @@ def _member_batch(campaign: Campaign, request: CampaignRequest, thread: Thread) 
     )
     CampaignRequest.objects.filter(pk=request.pk).update(plan=plan)
     table = pricing.load_price_table(settings.REPLAYS_PRICES_FILE)
-    estimates = {model: run_estimate(request.turn, model, table) for model in
-                 plan_configuration["models"]}  # fmt: skip
+    share = _decimal(campaign.estimate.get("evaluator_per_run_usd")) or Decimal(0)
+    estimates = {}
+    for model in plan_configuration["models"]:
+        cost = run_estimate(request.turn, model, table)
+        estimates[model] = None if cost is None else cost + share
     return approval.create_batch(
         plan,
         {thread.pk: (thread, prep)},
