@@ -29,9 +29,20 @@ from typing import Any
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, transaction
+from django.db.models import Q
 from django.utils import timezone
 
-from replays import access, approval, context, planning, pricing, processes, repos, wakeups
+from replays import (
+    access,
+    approval,
+    context,
+    evidence,
+    planning,
+    pricing,
+    processes,
+    repos,
+    wakeups,
+)
 from replays.errors import ErrorKind, ServiceError
 from replays.evaluation import evaluators
 from replays.evaluation.testcommands import find_test_command
@@ -348,6 +359,10 @@ def _decide(
         candidate.reason = ExclusionReason.REPOSITORY_MISSING
         candidate.detail = f"{folder} is not a git repository here."
         return
+    if _changed_nothing(turn):
+        candidate.reason = ExclusionReason.NO_CODE_CHANGE
+        candidate.detail = "The agent only read and ran commands that change no file."
+        return
     item = _item(turn, str(repository))
     prep = planning.resolve_thread(thread, item, verify_command=None)
     if prep.questions:
@@ -372,6 +387,25 @@ def _decide(
 
 
 EMPTY_DIFF_SHA256 = hashlib.sha256(b"").hexdigest()
+# Evidence items that change files whatever they hold.
+CHANGING_KINDS = frozenset({"edit", "write", "patch", "other"})
+
+
+def _changed_nothing(turn: Turn) -> bool:
+    """The request's own evidence says its agent changed no file: it only read, and every
+    shell command it ran only reads or runs tests. False when unsure (no evidence kept,
+    or cut short), so prepare decides."""
+    recorded = turn.evidence or {}
+    items = recorded.get("items")
+    if not isinstance(items, list) or recorded.get("cut"):
+        return False
+    for item in items:
+        if not isinstance(item, dict) or item.get("kind") in CHANGING_KINDS:
+            return False
+        if item.get("kind") == "shell" and evidence.shell_may_write(item):
+            if find_test_command(str(item.get("command") or "")) is None:
+                return False
+    return True
 
 
 def _item(turn: Turn, repository: str) -> dict[str, Any]:
@@ -420,9 +454,9 @@ def _found_command(owner: AbstractBaseUser, repository: str) -> dict[str, Any]:
     threads whose folder is in it), newest request first."""
     turns = (
         Turn.objects.filter(thread__owner=owner)
-        .filter(thread__cwd=repository)
-        .union(Turn.objects.filter(thread__owner=owner, thread__cwd__startswith=repository + "/"))
-        .order_by("-timestamp")
+        .filter(Q(thread__cwd=repository) | Q(thread__cwd__startswith=repository + "/"))
+        .select_related("thread")
+        .order_by("-timestamp", "-id")
     )
     for turn in turns[:500]:
         for item in reversed((turn.evidence or {}).get("items") or []):
@@ -445,7 +479,7 @@ def _found_command(owner: AbstractBaseUser, repository: str) -> dict[str, Any]:
 
 def _subfolder(turn: Turn, repository: str) -> str:
     """The thread's folder inside the repository ("" at its top): where the agent typed."""
-    cwd = Thread.objects.filter(pk=turn.thread_id).values_list("cwd", flat=True).first() or ""
+    cwd = turn.thread.cwd or ""
     return cwd[len(repository) :].lstrip("/") if cwd.startswith(repository + "/") else ""
 
 
