@@ -13,6 +13,8 @@ apart and never counted."""
 
 from __future__ import annotations
 
+import csv
+import io
 import math
 from collections import Counter, defaultdict
 from dataclasses import dataclass
@@ -403,3 +405,42 @@ def _usd(value: Decimal | None) -> str | None:
 
 def _round(value: float | None, places: int = 1) -> float | None:
     return None if value is None else round(value, places)
+
+
+# --- exports -----------------------------------------------------------------------------
+
+CSV_MODEL_COLUMNS = (
+    "model", "n", "wins", "ties", "losses", "failed", "setup", "not_counted", "rate",
+    "rate_low", "rate_high", "cost_usd", "history_cost_usd", "cost_ratio_median", "seconds",
+    "history_seconds", "time_ratio_median", "cost_per_success_usd",
+)  # fmt: skip
+
+
+def results_csv(results: dict[str, Any]) -> str:
+    """The per-model table, then one row per request and model (its outcome and run), as
+    CSV: what a spreadsheet needs."""
+    out = io.StringIO()
+    writer = csv.writer(out)
+    writer.writerow(CSV_MODEL_COLUMNS)
+    for row in results.get("models") or []:
+        writer.writerow(["" if row.get(key) is None else row[key] for key in CSV_MODEL_COLUMNS])
+    writer.writerow([])
+    writer.writerow(("request_id", "thread_id", "start_message_uuid", "repository", "gradable",
+                     "model", "outcome", "score", "cost_usd", "run_id", "request"))  # fmt: skip
+    for request in results.get("requests") or []:
+        for model, outcome in (request.get("outcomes") or {}).items():
+            outcome = outcome or {}
+            writer.writerow(
+                [
+                    request["id"], request["thread_id"], request["start_message_uuid"],
+                    request["repository"], "" if request["gradable"] is None else request["gradable"],
+                    model, outcome.get("outcome", "not run"), _blank(outcome.get("score")),
+                    _blank(outcome.get("cost_usd")), _blank(outcome.get("run_id")),
+                    request["request"],
+                ]
+            )  # fmt: skip
+    return out.getvalue()
+
+
+def _blank(value: Any) -> Any:
+    return "" if value is None else value
