@@ -585,9 +585,7 @@ def select(
                 candidate.detail = candidate.gradable_detail
 
 
-def estimate(
-    found: Scan, configuration: dict[str, Any], evaluator: str
-) -> dict[str, Any]:
+def estimate(found: Scan, configuration: dict[str, Any], evaluator: str) -> dict[str, Any]:
     """What the selection may cost and take: each request's historical tokens priced for
     each model (unknown where a price is unknown, never $0), the evaluator's judgments on
     top (its model's price for the two verdicts and the checks; `tests` costs nothing),
@@ -612,8 +610,10 @@ def estimate(
     capacity = max(1, int(settings.REPLAYS_MAX_PARALLEL_RUNS))
     runs = len(selected) * len(configuration["models"])
     return {
-        "models": {model: {**item, "cost_usd": _text(item["cost_usd"])}
-                   for model, item in per_model.items()},  # fmt: skip
+        "models": {
+            model: {**item, "cost_usd": _text(item["cost_usd"])}
+            for model, item in per_model.items()
+        },  # fmt: skip
         "evaluator_cost_usd": _text(judging),
         # Each member holds its share of the judging within the budget until it is judged.
         "evaluator_per_run_usd": _text(judging / runs if judging is not None and runs else None),
@@ -890,9 +890,7 @@ def _campaign_of_token(campaign_id: int, user: AbstractBaseUser, prepare_token: 
             f"Campaign {campaign_id} not found.", code="not_found", kind=ErrorKind.NOT_FOUND
         )
     token_hash = (
-        planning.hash_token(prepare_token)
-        if approval.TOKEN_SHAPE.fullmatch(prepare_token)
-        else ""
+        planning.hash_token(prepare_token) if approval.TOKEN_SHAPE.fullmatch(prepare_token) else ""
     )
     if not token_hash or not secrets.compare_digest(token_hash, campaign.token_hash):
         raise CampaignApprovalError(
@@ -906,9 +904,9 @@ def _unchanged_members(campaign: Campaign) -> list[tuple[CampaignRequest, Thread
     transcript, its historical result (the commits and their diff), the files of its
     repository's test command."""
     members = list(
-        campaign.requests.filter(selected=True).select_related("thread", "turn").order_by(
-            "position"
-        )
+        campaign.requests.filter(selected=True)
+        .select_related("thread", "turn")
+        .order_by("position")
     )
     changes = []
     for request in members:

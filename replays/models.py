@@ -453,8 +453,7 @@ class CampaignRequest(models.Model):
             _choices_check("reason", ExclusionReason, "campaign_request_reason_valid"),
             # Eligible exactly when no reason excludes it.
             models.CheckConstraint(
-                condition=(Q(eligible=True) & Q(reason=""))
-                | (Q(eligible=False) & ~Q(reason="")),
+                condition=(Q(eligible=True) & Q(reason="")) | (Q(eligible=False) & ~Q(reason="")),
                 name="campaign_request_eligible_xor_reason",
             ),
             # Only an eligible request is selected.

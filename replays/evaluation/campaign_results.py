@@ -36,6 +36,7 @@ from replays.evaluation.leaderboard import (
     TIE,
     WIN,
 )
+from replays.formatting import csv_cell
 from replays.models import (
     ACTIVE_RUN_STATUSES,
     FINISHED_REPORT_STATUSES,
@@ -423,24 +424,18 @@ def results_csv(results: dict[str, Any]) -> str:
     writer = csv.writer(out)
     writer.writerow(CSV_MODEL_COLUMNS)
     for row in results.get("models") or []:
-        writer.writerow(["" if row.get(key) is None else row[key] for key in CSV_MODEL_COLUMNS])
+        writer.writerow([csv_cell(row.get(key)) for key in CSV_MODEL_COLUMNS])
     writer.writerow([])
     writer.writerow(("request_id", "thread_id", "start_message_uuid", "repository", "gradable",
                      "model", "outcome", "score", "cost_usd", "run_id", "request"))  # fmt: skip
     for request in results.get("requests") or []:
         for model, outcome in (request.get("outcomes") or {}).items():
             outcome = outcome or {}
-            writer.writerow(
-                [
-                    request["id"], request["thread_id"], request["start_message_uuid"],
-                    request["repository"], "" if request["gradable"] is None else request["gradable"],
-                    model, outcome.get("outcome", "not run"), _blank(outcome.get("score")),
-                    _blank(outcome.get("cost_usd")), _blank(outcome.get("run_id")),
-                    request["request"],
-                ]
-            )  # fmt: skip
+            cells = [
+                request["id"], request["thread_id"], request["start_message_uuid"],
+                request["repository"], request["gradable"], model,
+                outcome.get("outcome", "not run"), outcome.get("score"),
+                outcome.get("cost_usd"), outcome.get("run_id"), request["request"],
+            ]  # fmt: skip
+            writer.writerow([csv_cell(cell) for cell in cells])
     return out.getvalue()
-
-
-def _blank(value: Any) -> Any:
-    return "" if value is None else value

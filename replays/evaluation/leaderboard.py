@@ -89,9 +89,7 @@ class InvalidFilter(ServiceError):
     """A filter value that cannot be used, with the field it came from."""
 
     def __init__(self, field: str, message: str, value: str) -> None:
-        super().__init__(
-            message, code="invalid_filter", details={"field": field, "value": value}
-        )
+        super().__init__(message, code="invalid_filter", details={"field": field, "value": value})
         self.field = field
         self.value = value
 
