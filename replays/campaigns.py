@@ -45,6 +45,7 @@ from replays import (
 )
 from replays.errors import ErrorKind, ServiceError
 from replays.evaluation import evaluators
+from replays.evaluation.campaign_results import gradability_of
 from replays.evaluation.testcommands import find_test_command
 from replays.models import (
     Batch,
@@ -513,19 +514,6 @@ def _tests_review(candidate: Candidate) -> Review | None:
     return Review.objects.filter(**key.lookup()).exclude(status=ReviewStatus.PENDING).first()
 
 
-def gradability_of(review: Review) -> tuple[bool, str]:
-    """Gradable: the tests pass at the historical ending and see the request's own change
-    (a test failing at the baseline, the historical test files laid over it, passes at the
-    ending: FAIL_TO_PASS is not empty)."""
-    sets = (review.tests or {}).get("sets") or {}
-    if not sets.get("usable"):
-        reason = sets.get("reason") or review.error or "The tests did not run."
-        return False, f"Not gradable: {reason}"
-    if not sets.get("fail_to_pass"):
-        return False, "Not gradable: no test fails at the baseline and passes at the ending."
-    return True, f"Gradable: {len(sets['fail_to_pass'])} test(s) fail before and pass after."
-
-
 def check_gradability(candidate: Candidate, *, tick: Callable[[], None]) -> None:
     """Run the request's historical tests now (the shared review by `tests`: sandboxed,
     no model, free) and record whether it is gradable."""
@@ -555,11 +543,21 @@ def select(
     found: Scan,
     configuration: dict[str, Any],
     *,
+    evaluator: str = "",
     progress: Progress | None = None,
     tick: Callable[[], None] = lambda: None,
 ) -> None:
     """The last N eligible requests (newest first), or a seeded sample of N; restricted to
-    gradable ones when asked (their tests are run as needed, in the selection's order)."""
+    gradable ones when asked (their tests are run as needed, in the selection's order).
+    Judged by `tests`, a request of a repository without a test command cannot be judged:
+    it is excluded as not gradable."""
+    if evaluator == evaluators.TESTS:
+        for candidate in found.candidates:
+            if candidate.eligible and not candidate.verify_command:
+                candidate.reason = ExclusionReason.NOT_GRADABLE
+                candidate.detail = (
+                    "No test command for its repository: the `tests` evaluator cannot judge it."
+                )
     eligible = [candidate for candidate in found.candidates if candidate.eligible]
     if configuration["selection"] == "sample":
         eligible = random.Random(configuration["seed"]).sample(eligible, len(eligible))
@@ -711,7 +709,7 @@ def prepare_campaign(
     configuration = normalise_campaign(raw_configuration)
     evaluator, blockers, warnings = _evaluator_of(configuration)
     found = scan(owner, configuration, progress=progress)
-    select(found, configuration, progress=progress, tick=tick)
+    select(found, configuration, evaluator=evaluator, progress=progress, tick=tick)
     found_estimate = estimate(found, configuration, evaluator)
     blockers += _blockers(found, configuration, found_estimate)
     token = secrets.token_urlsafe(32)

@@ -417,7 +417,7 @@ class ExclusionReason(models.TextChoices):
     ROLLED_BACK = "rolled_back", "Rolled back"
     CANNOT_REPLAY = "cannot_replay", "Cannot be replayed with a chosen model"
     BLOCKED = "blocked", "Prepare would block it"
-    NOT_GRADABLE = "not_gradable", "Not gradable (gradable only)"
+    NOT_GRADABLE = "not_gradable", "Not gradable"
 
 
 class CampaignRequest(models.Model):

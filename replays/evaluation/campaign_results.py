@@ -45,6 +45,8 @@ from replays.models import (
     CampaignStatus,
     FailureCode,
     ReportStatus,
+    Review,
+    ReviewStatus,
     Run,
 )
 
@@ -82,19 +84,19 @@ def signature(campaign: Campaign) -> list[Any]:
     judgment written changes it."""
     runs = Run.objects.filter(batch__campaign=campaign)
     figures = runs.aggregate(
-        runs=Count("pk", distinct=True),
-        active=Count("pk", distinct=True, filter=Q(status__in=ACTIVE_RUN_STATUSES)),
+        n_runs=Count("pk", distinct=True),
+        n_active=Count("pk", distinct=True, filter=Q(status__in=ACTIVE_RUN_STATUSES)),
         last_finished=Max("finished_at"),
-        reports=Count(
+        n_reports=Count(
             "reports", distinct=True, filter=Q(reports__status__in=FINISHED_REPORT_STATUSES)
         ),
         last_report=Max("reports__id"),
-        judging=Count("reports", distinct=True, filter=Q(reports__status=ReportStatus.JUDGING)),
+        n_judging=Count("reports", distinct=True, filter=Q(reports__status=ReportStatus.JUDGING)),
     )
     last = figures["last_finished"]
     return [
-        figures["runs"], figures["active"], last.isoformat() if last else None,
-        figures["reports"], figures["last_report"], figures["judging"],
+        figures["n_runs"], figures["n_active"], last.isoformat() if last else None,
+        figures["n_reports"], figures["last_report"], figures["n_judging"],
     ]  # fmt: skip
 
 
@@ -150,6 +152,43 @@ def refresh(campaign_id: int) -> dict[str, Any]:
 # --- the figures ----------------------------------------------------------------------------
 
 
+def gradability_of(review: Review) -> tuple[bool, str]:
+    """Gradable: the tests pass at the historical ending and see the request's own change
+    (a test failing at the baseline, the historical test files laid over it, passes at the
+    ending: FAIL_TO_PASS is not empty)."""
+    sets = (review.tests or {}).get("sets") or {}
+    if not sets.get("usable"):
+        reason = sets.get("reason") or review.error or "The tests did not run."
+        return False, f"Not gradable: {reason}"
+    if not sets.get("fail_to_pass"):
+        return False, "Not gradable: no test fails at the baseline and passes at the ending."
+    return True, f"Gradable: {len(sets['fail_to_pass'])} test(s) fail before and pass after."
+
+
+def _learn_gradability(campaign: Campaign) -> None:
+    """Selected requests whose gradability was not known at prepare learn it from the
+    shared review their members' judgments used (its tests ran at the baseline and the
+    historical ending)."""
+    unknown = CampaignRequest.objects.filter(
+        campaign=campaign, selected=True, gradable__isnull=True, plan__isnull=False
+    )
+    for request in unknown:
+        review = (
+            Review.objects.filter(
+                reports__run__batch__plan_id=request.plan_id,
+                status__in=[ReviewStatus.READY, ReviewStatus.FAILED],
+            )
+            .order_by("pk")
+            .first()
+        )
+        if review is None:
+            continue
+        gradable, detail = gradability_of(review)
+        CampaignRequest.objects.filter(pk=request.pk, gradable__isnull=True).update(
+            gradable=gradable, gradable_detail=detail
+        )
+
+
 def members(campaign: Campaign) -> list[Member]:
     """Every member run, with what became of it: one query."""
     request_of = {
@@ -184,6 +223,7 @@ def members(campaign: Campaign) -> list[Member]:
 
 
 def compute(campaign: Campaign) -> dict[str, Any]:
+    _learn_gradability(campaign)
     requests = {
         request.pk: request
         for request in CampaignRequest.objects.filter(campaign=campaign, selected=True)
