@@ -8,12 +8,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+from decimal import Decimal
+
 import pytest
 
-from replays.models import Campaign, CampaignStatus, Run, RunStatus
+from replays import budgets
+from replays.models import Campaign, CampaignStatus, FailureCode, Run, RunStatus
 from tests.campaign_fixtures import build_history
 
 MANAGE = Path(__file__).resolve().parent.parent / "manage.py"
+AGENT_SCRIPTS = Path(__file__).resolve().parent / "agent_scripts"
 
 
 def campaign(env: dict[str, str], *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
@@ -51,3 +55,44 @@ def test_the_calibration_baselines_judged_by_tests_across_a_campaign(
     assert rows["historical"]["losses"] == 0
     assert rows["empty"]["wins"] + rows["empty"]["ties"] == 0
     assert found.results["calibration"]["trusted"] is True
+
+
+def test_a_budget_holds_against_an_agent_that_reports_its_cost(
+    campaign_env: dict[str, str], tmp_path: Path, user
+) -> None:
+    """Budget $0.90, one member at a time, each agent reporting $0.60 at once and then
+    working for 3 s: the first completes ($0.60); the second starts with $0.30 left (its
+    estimate fits), passes its cap and is stopped (budget_exhausted, $0.60 spent); the
+    third never starts (budget_exhausted). Spent $1.20: past the budget by one run's
+    overshoot past its cap, never more; neither failure counts against the model."""
+    build_history(tmp_path / "work", user)
+    agents = tmp_path / "agents.json"
+    agents.write_text(json.dumps({"spender": {
+        "kind": "command", "models": ["claude-sonnet-4-5"],
+        "command": [sys.executable, str(AGENT_SCRIPTS / "spend.py"), "0.60", "3"],
+    }}))  # fmt: skip
+    env = {**campaign_env, "REPLAYS_AGENTS_FILE": str(agents), "REPLAYS_MAX_PARALLEL_RUNS": "1"}
+    done = campaign(
+        env, "--last", "3", "--model", "spender:claude-sonnet-4-5", "--evaluator", "tests",
+        "--budget", "0.90", "--user", "alice", "--yes", "--wait",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    found = Campaign.objects.get()
+    runs = list(Run.objects.order_by("created_at", "id"))
+    assert [(run.status, run.failure_code) for run in runs] == [
+        (RunStatus.COMPLETED, ""),
+        (RunStatus.FAILED, FailureCode.BUDGET_EXHAUSTED),
+        (RunStatus.FAILED, FailureCode.BUDGET_EXHAUSTED),
+    ], [run.failure_message for run in runs]
+    first, stopped, never = runs
+    assert first.cost_cap_usd == Decimal("0.90")
+    assert stopped.cost_cap_usd == Decimal("0.30")
+    assert "cost cap" in stopped.failure_message and stopped.cost_usd == Decimal("0.60")
+    assert never.started_at is None and never.cost_usd is None
+    money = budgets.money_of(found)
+    assert money.spent == Decimal("1.20")
+    assert money.spent - found.budget_usd <= stopped.cost_usd - stopped.cost_cap_usd
+    row = found.results["models"][0]
+    assert (row["n"], row["failed"]) == (1, 0)
+    assert row["not_counted_reasons"] == {"budget exhausted": 2}
+    assert "Spent $1.20 of a $0.9000 budget" in done.stdout
