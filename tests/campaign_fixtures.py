@@ -44,9 +44,7 @@ def _calc_steps() -> list[Step]:
     ):
         arguments = "a" if name == "neg" else "a, b"
         ops += f"\n\ndef {name}({arguments}):\n    {body}\n"
-        test = (
-            f"from calc.ops import {name}\n\n\ndef test_{name}():\n    assert {check}\n"
-        )
+        test = f"from calc.ops import {name}\n\n\ndef test_{name}():\n    assert {check}\n"
         steps.append(
             Step(
                 request=f"Add a {name} function to calc/ops.py with a test.",
@@ -87,12 +85,18 @@ def build_history(root: Path, user: User) -> History:
     gone = root / "gone"
     sessions = root / "sessions"
     paths = {
-        "calc": write_session(sessions, cwd=calc, steps=_calc_steps(), start=START.replace(hour=10)),
+        "calc": write_session(
+            sessions, cwd=calc, steps=_calc_steps(), start=START.replace(hour=10)
+        ),
         "notes": write_session(
             sessions,
             cwd=notes,
-            steps=[Step(request="Add a todo list to README.md.",
-                        writes={"README.md": "Notes\n\n- [ ] todo\n"})],  # fmt: skip
+            steps=[
+                Step(
+                    request="Add a todo list to README.md.",
+                    writes={"README.md": "Notes\n\n- [ ] todo\n"},
+                )
+            ],  # fmt: skip
             start=START.replace(hour=11),
         ),
         "gone": write_session(

@@ -126,9 +126,7 @@ def _step_lines(
     for path in step.reads:
         calls.append(("Read", {"file_path": str(cwd / path)}, "1\t(file)"))
     for path, text in step.writes.items():
-        calls.append(
-            ("Write", {"file_path": str(cwd / path), "content": text}, f"Wrote {path}")
-        )
+        calls.append(("Write", {"file_path": str(cwd / path), "content": text}, f"Wrote {path}"))
     for command in step.commands:
         calls.append(("Bash", {"command": command, "description": "run"}, "ok"))
     share_in = step.input_tokens // (len(calls) + 1)
@@ -137,8 +135,12 @@ def _step_lines(
         tool_id = f"toolu_{uuid.uuid4().hex[:24]}"
         line(
             "assistant",
-            _assistant([{"type": "tool_use", "id": tool_id, "name": name, "input": arguments}],
-                       share_in, share_out, stop="tool_use"),  # fmt: skip
+            _assistant(
+                [{"type": "tool_use", "id": tool_id, "name": name, "input": arguments}],
+                share_in,
+                share_out,
+                stop="tool_use",
+            ),  # fmt: skip
             requestId=f"req_{uuid.uuid4().hex[:24]}",
         )
         line(

@@ -6,9 +6,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
-
 from decimal import Decimal
+from pathlib import Path
 
 import pytest
 
@@ -20,7 +19,9 @@ MANAGE = Path(__file__).resolve().parent.parent / "manage.py"
 AGENT_SCRIPTS = Path(__file__).resolve().parent / "agent_scripts"
 
 
-def campaign(env: dict[str, str], *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+def campaign(
+    env: dict[str, str], *args: str, timeout: float = 600
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, str(MANAGE), "campaign", *args],
         env=env, text=True, capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL,
