@@ -622,11 +622,11 @@ def estimate(found: Scan, configuration: dict[str, Any], evaluator: str) -> dict
     }
 
 
-def run_estimate(turn: Turn, model: str, table: pricing.PriceTable) -> Decimal | None:
+def run_estimate(usage: TokenUsage, model: str, table: pricing.PriceTable) -> Decimal | None:
     """One member's expected cost: its request's historical tokens at the model's price
     (a baseline calls no model: $0; an unknown price: None)."""
     name = priced_name(model)
-    return Decimal(0) if name is None else pricing.cost_usd(name, turn_usage(turn), table)
+    return Decimal(0) if name is None else pricing.cost_usd(name, usage, table)
 
 
 def priced_name(model: str) -> str | None:
@@ -788,7 +788,6 @@ def _fingerprint(configuration: dict[str, Any], found: Scan) -> str:
     resolved to (commits, historical result, transcript), and the test commands."""
     selection = [
         {
-            "turn": candidate.turn.pk,
             "message_uuid": candidate.turn.message_uuid,
             "transcript_sha256": candidate.thread.source_sha256,
             **(candidate.preparation.protected_inputs() if candidate.preparation else {}),
@@ -805,6 +804,12 @@ def _rows(campaign: Campaign, found: Scan) -> list[CampaignRequest]:
             campaign=campaign,
             thread=candidate.thread,
             turn=candidate.turn,
+            message_uuid=candidate.turn.message_uuid,
+            request=candidate.turn.request,
+            timestamp=candidate.turn.timestamp,
+            history_cost_usd=candidate.turn.cost_usd,
+            history_seconds=candidate.turn.seconds,
+            history_usage=turn_usage(candidate.turn).as_dict(),
             position=candidate.position,
             eligible=candidate.eligible,
             reason=candidate.reason,
@@ -902,11 +907,11 @@ def _unchanged_members(campaign: Campaign) -> list[tuple[CampaignRequest, Thread
     transcript, its historical result (the commits and their diff), the files of its
     repository's test command."""
     members = list(
-        campaign.requests.filter(selected=True)
-        .select_related("thread", "turn")
-        .order_by("position")
+        campaign.requests.filter(selected=True).select_related("thread").order_by("position")
     )
     changes = []
+    if len(members) != campaign.counts.get("selected"):
+        changes.append("requests of the selection are gone (their thread was deleted)")
     for request in members:
         prep = request.preparation
         thread = request.thread
@@ -980,7 +985,7 @@ def _member_batch(campaign: Campaign, request: CampaignRequest, thread: Thread) 
     share = _decimal(campaign.estimate.get("evaluator_per_run_usd")) or Decimal(0)
     estimates = {}
     for model in plan_configuration["models"]:
-        cost = run_estimate(request.turn, model, table)
+        cost = run_estimate(TokenUsage(**request.history_usage), model, table)
         estimates[model] = None if cost is None else cost + share
     return approval.create_batch(
         plan,

@@ -426,7 +426,20 @@ class CampaignRequest(models.Model):
 
     campaign = models.ForeignKey(Campaign, on_delete=models.CASCADE, related_name="requests")
     thread = models.ForeignKey("Thread", on_delete=models.CASCADE, related_name="+")
-    turn = models.ForeignKey("Turn", on_delete=models.CASCADE, related_name="+")
+    # The request as scanned. Importing a thread again replaces its turns: the row keeps
+    # what it needs of its turn (null then), and the approval sees the transcript changed.
+    turn = models.ForeignKey(
+        "Turn", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    message_uuid = models.CharField(max_length=200)
+    request = models.TextField()
+    timestamp = models.DateTimeField()
+    # What history spent on it: its cost (null: unknown price), seconds and tokens.
+    history_cost_usd = models.DecimalField(
+        max_digits=USD_MAX_DIGITS, decimal_places=USD_DECIMAL_PLACES, null=True, blank=True
+    )
+    history_seconds = models.FloatField(null=True, blank=True)
+    history_usage = models.JSONField(default=dict, blank=True)
     # Newest first, as scanned: the selection's order.
     position = models.PositiveIntegerField()
     eligible = models.BooleanField()
@@ -449,7 +462,9 @@ class CampaignRequest(models.Model):
         ordering = ["campaign", "position"]
         constraints = [
             # A request is scanned once per campaign.
-            models.UniqueConstraint(fields=["campaign", "turn"], name="campaign_request_once"),
+            models.UniqueConstraint(
+                fields=["campaign", "thread", "message_uuid"], name="campaign_request_once"
+            ),
             _choices_check("reason", ExclusionReason, "campaign_request_reason_valid"),
             # Eligible exactly when no reason excludes it.
             models.CheckConstraint(
@@ -472,7 +487,7 @@ class CampaignRequest(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"Campaign {self.campaign_id}: thread {self.thread_id} request {self.turn_id}"
+        return f"Campaign {self.campaign_id}: thread {self.thread_id} request {self.message_uuid}"
 
 
 class Batch(models.Model):

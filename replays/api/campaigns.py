@@ -94,9 +94,9 @@ class CountsSerializer(serializers.Serializer):
 
 class CandidateSerializer(serializers.Serializer):
     thread_id = serializers.IntegerField()
-    start_message_uuid = serializers.CharField(source="turn.message_uuid")
+    start_message_uuid = serializers.CharField(source="message_uuid")
     request = serializers.SerializerMethodField()
-    timestamp = serializers.DateTimeField(source="turn.timestamp")
+    timestamp = serializers.DateTimeField()
     eligible = serializers.BooleanField()
     reason = serializers.CharField(allow_blank=True, help_text="Why it is excluded.")
     detail = serializers.CharField(allow_blank=True)
@@ -107,7 +107,7 @@ class CandidateSerializer(serializers.Serializer):
     selected = serializers.BooleanField()
 
     def get_request(self, candidate: Any) -> str:
-        return str(candidate.turn.request)[:200]
+        return str(candidate.request)[:200]
 
 
 class ModelEstimateSerializer(serializers.Serializer):
@@ -305,7 +305,7 @@ class CampaignListView(APIView):
         prepared = campaigns.prepare_campaign(owner=request.user, raw_configuration=request.data)
         campaign = prepared.campaign
         body = campaign_body(campaign, prepare_token=prepared.prepare_token)
-        body["candidates"] = list(campaign.requests.select_related("turn").order_by("position"))
+        body["candidates"] = list(campaign.requests.order_by("position"))
         return Response(PreparedCampaignSerializer(body).data, status=status.HTTP_201_CREATED)
 
 

@@ -226,9 +226,9 @@ def compute(campaign: Campaign) -> dict[str, Any]:
     _learn_gradability(campaign)
     requests = {
         request.pk: request
-        for request in CampaignRequest.objects.filter(campaign=campaign, selected=True)
-        .select_related("turn")
-        .order_by("position")
+        for request in CampaignRequest.objects.filter(campaign=campaign, selected=True).order_by(
+            "position"
+        )
     }
     found = members(campaign)
     models = list(campaign.configuration.get("models") or [])
@@ -297,11 +297,11 @@ def _model_row(
 
 
 def _history_cost(request: CampaignRequest | None) -> Decimal | None:
-    return None if request is None else request.turn.cost_usd
+    return None if request is None else request.history_cost_usd
 
 
 def _history_seconds(request: CampaignRequest | None) -> float | None:
-    return None if request is None else request.turn.seconds
+    return None if request is None else request.history_seconds
 
 
 def _median_ratio(
@@ -403,12 +403,11 @@ def _request_rows(
         {
             "id": request.pk,
             "thread_id": request.thread_id,
-            "turn_id": request.turn_id,
-            "start_message_uuid": request.turn.message_uuid,
-            "request": request.turn.request[:200],
+            "start_message_uuid": request.message_uuid,
+            "request": request.request[:200],
             "repository": request.repository,
             "gradable": request.gradable,
-            "history_cost_usd": _usd(request.turn.cost_usd),
+            "history_cost_usd": _usd(request.history_cost_usd),
             "outcomes": {model: outcomes[request.pk].get(model) for model in models},
         }
         for request in requests.values()
