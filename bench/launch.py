@@ -155,7 +155,7 @@ def approve_and_wait(setup: Setup, members: int) -> list[float]:
             baseline=setup.baseline,
             ending=setup.ending,
             models=[f"bench:m{index}" for index in range(members)],
-            result_sha256="0" * 64,
+            result_sha256=setup.result_sha256,
         )
         wakeups.request_dispatch()
         approved = time.time()
@@ -236,7 +236,7 @@ def freed_slot_gap(setup: Setup) -> float:
             baseline=setup.baseline,
             ending=setup.ending,
             models=["bench:m0", "bench:m1"],
-            result_sha256="0" * 64,
+            result_sha256=setup.result_sha256,
         )
         wakeups.request_dispatch()
     ids = [run.pk for run in runs]
@@ -260,11 +260,14 @@ class Setup:
     def __init__(self, folder: Path) -> None:
         from django.contrib.auth.models import User
 
-        from replays.factories.runs import make_git_repo
+        from replays.factories.runs import historical_result_sha256, make_git_repo
 
         self.folder = folder
         self.owner, _ = User.objects.get_or_create(username="bench")
         self.repo, self.baseline, self.ending = make_git_repo(folder)
+        # Computed once; each batch records it, and each coordinator checks the diff it
+        # reads against it (as approval and the coordinator do).
+        self.result_sha256 = historical_result_sha256(self.repo, self.baseline, self.ending)
 
 
 def milliseconds(seconds: float) -> str:
