@@ -19,7 +19,7 @@ from django.contrib.auth.models import User
 
 from replays import importing
 from replays.models import Thread
-from tests.histories import Step, make_repo, write_session
+from replays.factories.histories import Step, make_repo, write_session
 
 START = datetime(2026, 10, 5, 9, 0, tzinfo=UTC)
 PYTEST = f"{sys.executable} -m pytest -q"

@@ -31,7 +31,7 @@ from replays.models import (
     Winner,
 )
 from tests.campaign_fixtures import PYTEST, History, build_history
-from tests.histories import Step, make_repo, write_session
+from replays.factories.histories import Step, make_repo, write_session
 
 BASELINES = {"models": ["historical", "empty"], "evaluator": "tests"}
 
@@ -301,7 +301,7 @@ def test_a_changed_history_refuses_the_approval(history: History, user: User) ->
     client = client_for(user)
     body = prepare(client).json()
     # Someone rewrote the repository's history: the commits prepare resolved are gone.
-    from tests.histories import git
+    from replays.factories.histories import git
 
     git(history.calc, "reset", "-q", "--hard", "HEAD~1")
     git(history.calc, "reflog", "expire", "--expire=now", "--all")

@@ -1,4 +1,4 @@
-"""Histories written for campaign tests: git repositories whose commits follow a Claude
+"""Histories written for campaign tests and bench/campaign.py: git repositories whose commits follow a Claude
 Code session's requests in time, and the session itself as Claude Code writes it (the
 JSONL lines our importer reads: requests, the agent's tool calls and their results,
 answers with usage). Our own fixtures, shaped after the real CLI's files (tests/fixtures/
@@ -72,10 +72,12 @@ def write_session(
     start: datetime,
     session_id: str | None = None,
     repo: Path | None = None,
+    commit: bool = True,
 ) -> Path:
     """The session's JSONL under folder (a `projects/<slug>/` layout), its steps two
-    minutes apart from `start`; each step's writes are applied in `repo` (default: cwd)
-    and committed 60 s after its request. The session file's path."""
+    minutes apart from `start`; unless `commit` is False (the commits are made apart,
+    see fast_import), each step's writes are applied in `repo` (default: cwd) and
+    committed 60 s after its request. The session file's path."""
     session_id = session_id or str(uuid.uuid4())
     repo = repo or cwd
     lines: list[dict[str, Any]] = []
@@ -83,7 +85,7 @@ def write_session(
     for number, step in enumerate(steps):
         at = start + timedelta(minutes=2 * number)
         parent = _step_lines(lines, step, at=at, cwd=cwd, session=session_id, parent=parent)
-        if step.writes and repo.exists():
+        if commit and step.writes and repo.exists():
             for name, text in step.writes.items():
                 target = repo / name
                 target.parent.mkdir(parents=True, exist_ok=True)
@@ -171,3 +173,33 @@ def _assistant(
 
 def _stamp(moment: datetime) -> str:
     return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+
+
+def step_time(start: datetime, number: int) -> datetime:
+    """When step `number` (0-based) of a session written from `start` is asked."""
+    return start + timedelta(minutes=2 * number)
+
+
+def fast_import(path: Path, commits: list[tuple[datetime, dict[str, str], str]]) -> None:
+    """A repository on `main` whose commits (time, files written, message) are made in one
+    `git fast-import`: thousands in a second, where `git commit` takes a few ms each."""
+    path.mkdir(parents=True)
+    git(path, "init", "-q", "-b", "main")
+    stream = bytearray()
+    for mark, (at, files, message) in enumerate(commits, start=1):
+        text = message.encode()
+        stamp = f"{int(at.timestamp())} +0000"
+        stream += f"commit refs/heads/main\nmark :{mark}\n".encode()
+        stream += f"author Ada History <ada@example.com> {stamp}\n".encode()
+        stream += f"committer Ada History <ada@example.com> {stamp}\n".encode()
+        stream += f"data {len(text)}\n".encode() + text + b"\n"
+        if mark > 1:
+            stream += f"from :{mark - 1}\n".encode()
+        for name, content in files.items():
+            data = content.encode()
+            stream += f"M 100644 inline {name}\ndata {len(data)}\n".encode() + data + b"\n"
+        stream += b"\n"
+    subprocess.run(
+        ["git", "-C", str(path), "fast-import", "--quiet"], input=bytes(stream), check=True
+    )
+    git(path, "reset", "-q", "--hard", "main")
