@@ -175,6 +175,7 @@ def main() -> None:
         found = campaigns.prepare_campaign(owner=user, raw_configuration=raw)
     prepare_seconds = time.perf_counter() - clock
     campaign = found.campaign
+    print(f"prepared in {prepare_seconds:.1f} s: {campaign.counts}", flush=True)
     assert found.prepare_token, campaign.blockers
     clock = time.perf_counter()
     campaigns.approve_campaign(campaign_id=campaign.pk, user=user, approved=True,
@@ -183,7 +184,8 @@ def main() -> None:
     members = Run.objects.filter(batch__campaign=campaign).count()
 
     small = campaigns.prepare_campaign(owner=user, raw_configuration={**raw, "limit": 1,
-                                                                      "filters": {"last": 10}})  # fmt: skip
+                                                                      "filters": {"last": 50}})  # fmt: skip
+    assert small.prepare_token, (small.campaign.blockers, small.campaign.counts)
     campaigns.approve_campaign(campaign_id=small.campaign.pk, user=user, approved=True,
                                prepare_token=small.prepare_token)  # fmt: skip
 

@@ -15,10 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from decimal import Decimal
 
-from django.db.models import Q, Sum
+from django.db.models import Sum
 
 from replays.models import (
-    ACTIVE_RUN_STATUSES,
     FINISHED_REPORT_STATUSES,
     Campaign,
     Report,
@@ -131,20 +130,12 @@ class Ledger:
         return self._money[campaign_id]
 
 
-def waiting_for_money(campaign: Campaign) -> bool:
+def waiting_for_money(campaign: Campaign, money: Money | None = None) -> bool:
     """Members queued while the budget holds them back (pages say so)."""
-    money = money_of(campaign)
+    money = money if money is not None else money_of(campaign)
     return (
         money.left is not None
-        and Run.objects.filter(batch__campaign=campaign, status=RunStatus.QUEUED).exists()
         and money.flying > 0
+        and Run.objects.filter(batch__campaign=campaign, status=RunStatus.QUEUED).exists()
     )
 
-
-def active(campaign: Campaign) -> bool:
-    return Run.objects.filter(batch__campaign=campaign, status__in=ACTIVE_RUN_STATUSES).exists()
-
-
-def budgeted_queued() -> Q:
-    """Queued runs of campaigns with a budget (dispatch's watchdog leaves them be)."""
-    return Q(batch__campaign__budget_usd__isnull=False)

@@ -269,7 +269,7 @@ def campaign_body(campaign: Campaign, *, prepare_token: str | None = None) -> di
         "members": members,
         "spent_usd": money.spent,
         "in_flight_usd": money.in_flight,
-        "waiting_for_budget": budgets.waiting_for_money(campaign),
+        "waiting_for_budget": budgets.waiting_for_money(campaign, money),
         "batches": list(campaign.batches.order_by("pk").values_list("pk", flat=True)),
     }
 

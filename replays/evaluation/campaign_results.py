@@ -44,6 +44,7 @@ from replays.models import (
     CampaignRequest,
     CampaignStatus,
     FailureCode,
+    Report,
     ReportStatus,
     Review,
     ReviewStatus,
@@ -168,23 +169,28 @@ def gradability_of(review: Review) -> tuple[bool, str]:
 def _learn_gradability(campaign: Campaign) -> None:
     """Selected requests whose gradability was not known at prepare learn it from the
     shared review their members' judgments used (its tests ran at the baseline and the
-    historical ending)."""
-    unknown = CampaignRequest.objects.filter(
-        campaign=campaign, selected=True, gradable__isnull=True, plan__isnull=False
+    historical ending): three queries, however many requests."""
+    unknown = dict(
+        CampaignRequest.objects.filter(
+            campaign=campaign, selected=True, gradable__isnull=True, plan__isnull=False
+        ).values_list("plan_id", "pk")
     )
-    for request in unknown:
-        review = (
-            Review.objects.filter(
-                reports__run__batch__plan_id=request.plan_id,
-                status__in=[ReviewStatus.READY, ReviewStatus.FAILED],
-            )
-            .order_by("pk")
-            .first()
+    if not unknown:
+        return
+    review_of: dict[int, int] = {}
+    for plan_id, review_id in (
+        Report.objects.filter(
+            run__batch__plan_id__in=list(unknown),
+            review__status__in=[ReviewStatus.READY, ReviewStatus.FAILED],
         )
-        if review is None:
-            continue
-        gradable, detail = gradability_of(review)
-        CampaignRequest.objects.filter(pk=request.pk, gradable__isnull=True).update(
+        .order_by("review_id")
+        .values_list("run__batch__plan_id", "review_id")
+    ):
+        review_of.setdefault(plan_id, review_id)
+    reviews = Review.objects.in_bulk(set(review_of.values()))
+    for plan_id, review_id in review_of.items():
+        gradable, detail = gradability_of(reviews[review_id])
+        CampaignRequest.objects.filter(pk=unknown[plan_id], gradable__isnull=True).update(
             gradable=gradable, gradable_detail=detail
         )
 
