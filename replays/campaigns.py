@@ -277,7 +277,8 @@ class Scan:
         excluded: dict[str, int] = {}
         for candidate in self.candidates:
             if candidate.reason:
-                excluded[candidate.reason] = excluded.get(candidate.reason, 0) + 1
+                reason = str(ExclusionReason(candidate.reason).value)
+                excluded[reason] = excluded.get(reason, 0) + 1
         return {
             "scanned": len(self.candidates),
             "eligible": sum(1 for c in self.candidates if c.eligible),
