@@ -97,3 +97,63 @@ def test_a_budget_holds_against_an_agent_that_reports_its_cost(
     assert (row["n"], row["failed"]) == (1, 0)
     assert row["not_counted_reasons"] == {"budget exhausted": 2}
     assert "Spent $1.20 of a $0.9000 budget" in done.stdout
+
+
+@pytest.mark.cli
+def test_a_campaign_with_the_real_codex_and_claude_within_a_budget(
+    campaign_env: dict[str, str], tmp_path: Path, user
+) -> None:
+    """The issue's own command, with the real CLIs against scripted servers: codex writes
+    what each request asked for, claude writes a note; judged by the tests the historical
+    agent ran, with the calibration baselines, within the budget."""
+    from tests.fakes import anthropic_server, openai_server
+    from tests.fakes.anthropic_server import AnthropicServer
+    from tests.fakes.openai_server import OpenAIServer
+    from tests.fakes.scripting import Text, Usage, shell
+    from tests.test_replay_real_agents import agents_file
+
+    build_history(tmp_path / "work", user)
+    usage = Usage(input_tokens=3000, output_tokens=200)
+    codex_script = openai_server.by_prompt({
+        f"Add a {name} function": [
+            shell(f"printf '\\n\\ndef {name}({arguments}):\\n    return {body}\\n' >> calc/ops.py",
+                  usage=usage),
+            Text("Done.", usage=usage),
+        ]
+        for name, arguments, body in (("neg", "a", "-a"), ("mul", "a, b", "a * b"))
+    })  # fmt: skip
+    claude_script = anthropic_server.by_prompt({
+        f"Add a {name} function": [shell("echo 'a note' > NOTE.txt", usage=usage),
+                                   Text("Done.", usage)]
+        for name in ("neg", "mul")
+    })  # fmt: skip
+    with OpenAIServer(codex_script) as openai, AnthropicServer(claude_script) as anthropic:
+        (tmp_path / "home").mkdir()
+        env = {
+            **campaign_env,
+            "HOME": str(tmp_path / "home"),
+            "REPLAYS_AGENTS_FILE": str(agents_file(tmp_path / "agents.json", openai, anthropic)),
+        }
+        done = campaign(
+            env, "--last", "2", "--model", "codex:gpt-5.5", "--model", "claude:claude-sonnet-4-5",
+            "--model", "historical", "--model", "empty", "--evaluator", "tests",
+            "--budget", "10", "--user", "alice", "--yes", "--wait",
+        )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    found = Campaign.objects.get()
+    assert found.status == CampaignStatus.FINISHED
+    rows = {row["model"]: row for row in found.results["models"]}
+    assert (rows["codex:gpt-5.5"]["n"], rows["codex:gpt-5.5"]["losses"]) == (2, 0)
+    assert (rows["claude:claude-sonnet-4-5"]["n"], rows["claude:claude-sonnet-4-5"]["losses"]) == (
+        2,
+        2,
+    )
+    assert found.results["calibration"]["trusted"] is True
+    pair = next(p for p in found.results["head_to_head"]
+                if {p["a"], p["b"]} == {"codex:gpt-5.5", "claude:claude-sonnet-4-5"})  # fmt: skip
+    assert pair["n"] == 2
+    money = budgets.money_of(found)
+    assert Decimal(0) < money.spent <= found.budget_usd
+    for model in ("codex:gpt-5.5", "claude:claude-sonnet-4-5", "historical", "empty"):
+        assert model in done.stdout
+    assert "Head to head" in done.stdout and "Calibration" in done.stdout
