@@ -15,6 +15,7 @@ from replays import evidence, repos
 from replays.evidence import CannotRebuild, PathMap
 from replays.transcripts import parse_transcript
 from tests import test_repos
+from tests.conftest import manifest_session
 from tests.test_repos import T0, commit, git
 
 repo = test_repos.repo  # the fixture: an empty repository on branch main
@@ -407,7 +408,8 @@ def kinds(turn: Any) -> list[tuple[str, str | None]]:
 
 
 def test_claude_code_tool_calls_become_evidence_with_paths_in_the_threads_folder() -> None:
-    [path] = REAL.glob("claude/projects/*/4d82becc-*.jsonl")
+    # By the manifest's name: regenerating the fixtures gives the sessions new ids.
+    path = REAL / manifest_session("claude-line-count")["path"]
     thread = parse_transcript(path)
     first, review, changelog = thread.turns
     assert kinds(first) == [
@@ -424,7 +426,7 @@ def test_claude_code_tool_calls_become_evidence_with_paths_in_the_threads_folder
 
 
 def test_codex_file_changes_and_cat_outputs_become_evidence() -> None:
-    [path] = REAL.glob("codex/sessions/**/rollout-*2619-70e2*.jsonl")
+    path = REAL / manifest_session("codex-char-count")["path"]
     first = parse_transcript(path).turns[0]
     assert kinds(first) == [
         ("shell", None), ("read", "textstats/core.py"), ("patch", "textstats/core.py"), ("shell", None)
