@@ -336,7 +336,10 @@ class CampaignForm(forms.Form):
     )
     selection = forms.ChoiceField(
         label="Selection",
-        choices=[("last", "The last N eligible requests"), ("sample", "A seeded random sample of N")],
+        choices=[
+            ("last", "The last N eligible requests"),
+            ("sample", "A seeded random sample of N"),
+        ],
         initial="last",
         widget=forms.RadioSelect,
     )
@@ -441,7 +444,9 @@ class CampaignForm(forms.Form):
             "scan_last": filters.get("last") or campaigns.DEFAULT_SCAN,
             "selection": configuration.get("selection") or "last",
             "limit": configuration.get("limit") or 20,
-            "seed": configuration.get("seed") if configuration.get("selection") == "sample" else None,
+            "seed": configuration.get("seed")
+            if configuration.get("selection") == "sample"
+            else None,
             "models": configuration.get("models") or [],
             "evaluator": configuration.get("evaluator") or "",
             "budget_usd": configuration.get("budget_usd"),

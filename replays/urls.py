@@ -31,9 +31,7 @@ urlpatterns = [
         views.campaign_prepare_again,
         name="campaign-prepare-again",
     ),
-    path(
-        "campaigns/<int:pk>/results.csv", views.campaign_results_csv, name="campaign-results-csv"
-    ),
+    path("campaigns/<int:pk>/results.csv", views.campaign_results_csv, name="campaign-results-csv"),
     path(
         "campaigns/<int:pk>/results.json",
         views.campaign_results_json,

@@ -148,35 +148,55 @@ def make_campaign(
     campaign = Campaign.objects.create(
         owner=owner,
         configuration={
-            "models": models, "evaluator": evaluator, "limit": requests, "selection": "last",
-            "seed": 0, "budget_usd": None if budget_usd is None else str(budget_usd),
+            "models": models,
+            "evaluator": evaluator,
+            "limit": requests,
+            "selection": "last",
+            "seed": 0,
+            "budget_usd": None if budget_usd is None else str(budget_usd),
             "gradable_only": False,
-            "filters": {"tool": None, "repository": None, "folder": None, "since": None,
-                        "until": None, "last": 2000},
-            "verify_commands": {}, "timeout_seconds": 1800,
+            "filters": {
+                "tool": None,
+                "repository": None,
+                "folder": None,
+                "since": None,
+                "until": None,
+                "last": 2000,
+            },
+            "verify_commands": {},
+            "timeout_seconds": 1800,
         },  # fmt: skip
         fingerprint=hashlib.sha256(f"campaign-{number}".encode()).hexdigest(),
         status=CampaignStatus.RUNNING,
         evaluator=evaluator,
         budget_usd=budget_usd,
         counts={
-            "scanned": requests + excluded, "eligible": requests,
+            "scanned": requests + excluded,
+            "eligible": requests,
             "gradable": requests if gradable else 0,
             "gradable_unknown": requests if gradable is None else 0,
             "excluded": {ExclusionReason.NO_CODE_CHANGE.value: excluded} if excluded else {},
             "selected": requests,
         },  # fmt: skip
         estimate={
-            "models": table_estimate, "evaluator_cost_usd": "0", "evaluator_per_run_usd": "0",
+            "models": table_estimate,
+            "evaluator_cost_usd": "0",
+            "evaluator_per_run_usd": "0",
             "total_cost_usd": f"{requests * 0.2 * len(models):.6f}",
-            "runs": requests * len(models), "seconds": 120.0 * requests, "capacity": 2,
+            "runs": requests * len(models),
+            "seconds": 120.0 * requests,
+            "capacity": 2,
         },  # fmt: skip
         test_commands={
             repository: {
-                "command": "python -m pytest -q --junitxml={junit_xml}", "runner": "pytest",
-                "origin": {"thread_id": threads[index].pk, "turn": 1,
-                           "message_uuid": turns[index].message_uuid,
-                           "typed": "python -m pytest -q"},
+                "command": "python -m pytest -q --junitxml={junit_xml}",
+                "runner": "pytest",
+                "origin": {
+                    "thread_id": threads[index].pk,
+                    "turn": 1,
+                    "message_uuid": turns[index].message_uuid,
+                    "typed": "python -m pytest -q",
+                },
             }
             for index, repository in enumerate(REPOSITORIES[: min(requests, len(REPOSITORIES))])
         },  # fmt: skip

@@ -36,10 +36,10 @@ from replays.evaluation import campaign_results, evaluators
 from replays.forms import CampaignForm, first_line
 from replays.models import (
     ACTIVE_RUN_STATUSES,
+    MAX_MODELS_PER_PLAN,
     Campaign,
     CampaignRequest,
     CampaignStatus,
-    MAX_MODELS_PER_PLAN,
     ExclusionReason,
     RunStatus,
     Thread,
@@ -295,9 +295,20 @@ def _requests(campaign: Campaign) -> Any:
         CampaignRequest.objects.filter(campaign=campaign)
         .select_related("thread", "turn")
         .only(
-            "campaign_id", "position", "eligible", "reason", "detail", "gradable",
-            "gradable_detail", "selected", "repository", "thread__title", "thread__session_id",
-            "turn__index", "turn__cost_usd", "turn__seconds",
+            "campaign_id",
+            "position",
+            "eligible",
+            "reason",
+            "detail",
+            "gradable",
+            "gradable_detail",
+            "selected",
+            "repository",
+            "thread__title",
+            "thread__session_id",
+            "turn__index",
+            "turn__cost_usd",
+            "turn__seconds",
         )  # fmt: skip
         .annotate(request_head=Substr("turn__request", 1, REQUEST_HEAD_CHARS))
         .order_by("position")
@@ -379,6 +390,9 @@ def _state(campaign: Campaign) -> tuple[str, str]:
     """(badge class, label): an expired campaign says so rather than "ready"."""
     if campaign.status == CampaignStatus.READY_FOR_APPROVAL and campaign.is_expired:
         return "expired", "Expired"
+    if campaign.status == CampaignStatus.FINISHED:
+        # Every member ended and was judged: the results are final (the batch's colour).
+        return "results_ready", campaign.get_status_display()
     return campaign.status, campaign.get_status_display()
 
 
@@ -428,7 +442,9 @@ def _campaign_page(
         "models": [(model, labels.get(model, model)) for model in models],
         "configuration": configuration,
         "active": active,
-        "poll_seconds": POLL_SECONDS if active or campaign.status == CampaignStatus.RUNNING else None,
+        "poll_seconds": POLL_SECONDS
+        if active or campaign.status == CampaignStatus.RUNNING
+        else None,
         "error": error,
     }
     if approved:
@@ -569,7 +585,11 @@ class ResultsView:
 
 
 def _model_row(row: dict[str, Any], label: str) -> ModelRow:
-    low, high, rate = row.get("rate_low") or 0.0, row.get("rate_high") or 0.0, row.get("rate") or 0.0
+    low, high, rate = (
+        row.get("rate_low") or 0.0,
+        row.get("rate_high") or 0.0,
+        row.get("rate") or 0.0,
+    )
     reasons = row.get("not_counted_reasons") or {}
     return ModelRow(
         row=row,
@@ -595,7 +615,9 @@ def _outcome_cell(outcome: dict[str, Any] | None, label: str) -> OutcomeCell:
     return OutcomeCell(
         text=text,
         tone=OUTCOME_TONES.get(kind, "apart"),
-        url=reverse("replays:run-compare", args=[outcome["run_id"]]) if outcome.get("run_id") else "",
+        url=reverse("replays:run-compare", args=[outcome["run_id"]])
+        if outcome.get("run_id")
+        else "",
         title=title,
         cost=formatting.usd(cost) if cost is not None else "",
     )
@@ -607,7 +629,8 @@ def _gradable_text(value: bool | None) -> str:
 
 def results_view(results: dict[str, Any], labels: dict[str, str]) -> ResultsView:
     rows = [
-        _model_row(row, labels.get(row["model"], row["model"])) for row in results.get("models") or []
+        _model_row(row, labels.get(row["model"], row["model"]))
+        for row in results.get("models") or []
     ]
     models = [(row.row["model"], row.label) for row in rows]
     label_of = dict(models)
@@ -851,7 +874,8 @@ def campaign_cancel(request: HttpRequest, pk: int) -> HttpResponse:
     campaign = campaigns.cancel_campaign(campaign=campaign)
     if budgets.active(campaign):
         messages.success(
-            request, "Campaign cancelled: nothing more starts; running runs stop within a few seconds."
+            request,
+            "Campaign cancelled: nothing more starts; running runs stop within a few seconds.",
         )
     else:
         messages.success(request, "Campaign cancelled: nothing more starts.")
