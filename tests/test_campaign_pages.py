@@ -33,7 +33,6 @@ from replays.models import (
     Run,
     RunStatus,
 )
-from replays.views.campaigns import TOKEN_COOKIE_SALT
 from tests.campaign_fixtures import History, build_history
 
 pytestmark = pytest.mark.django_db
@@ -175,7 +174,7 @@ def test_prepare_shows_the_counts_test_commands_estimate_and_the_approval(
     assert "History's time" in text
     assert "$5.00" in text  # the budget
     assert campaign.approval_prompt in text
-    assert 'action="/campaigns/{}/approve/"'.format(campaign.pk) in html
+    assert f'action="/campaigns/{campaign.pk}/approve/"' in html
     assert f"/campaigns/new/?from={campaign.pk}" in html  # the way back
 
 
@@ -370,16 +369,21 @@ def test_a_finished_campaigns_results(alice: Client, user: User) -> None:
 
 
 def test_the_page_warns_when_the_judge_is_not_to_be_trusted(alice: Client, user: User) -> None:
-    made = make_campaign(
-        user, requests=6, outcomes={"historical": [("tie", 1.0), ("loss", 0.2)]}
-    )
-    text = text_of(alice.get(made.campaign.get_absolute_url()))
+    made = make_campaign(user, requests=6, outcomes={"historical": [("tie", 1.0), ("loss", 0.2)]})
+    response = alice.get(made.campaign.get_absolute_url())
+    text = text_of(response)
     assert "The judge is not to be trusted on this campaign" in text
     assert "historical lost on 3 of 6 gradable request(s)." in text
+    assert 'data-trusted="false"' in response.content.decode()
+    # The runs that came out wrong, to look at.
+    for run in made.runs["historical"][1::2]:
+        assert f'<a href="/runs/{run.pk}/compare/">run {run.pk}</a>' in response.content.decode()
 
 
 def test_calibration_not_checked_without_the_baselines(alice: Client, user: User) -> None:
-    made = make_campaign(user, requests=4, models=["codex:gpt-5.5", "claude_code:claude-sonnet-4-5"])
+    made = make_campaign(
+        user, requests=4, models=["codex:gpt-5.5", "claude_code:claude-sonnet-4-5"]
+    )
     response = alice.get(made.campaign.get_absolute_url())
     assert 'data-trusted="unknown"' in response.content.decode()
     assert "Not checked." in text_of(response)
@@ -416,9 +420,7 @@ def test_exports_of_a_campaign_not_approved_are_404(alice: Client, history: Hist
 # --- whose is what ---------------------------------------------------------------------------------
 
 
-def test_another_users_campaign_is_not_found(
-    client: Client, user: User, other_user: User
-) -> None:
+def test_another_users_campaign_is_not_found(client: Client, user: User, other_user: User) -> None:
     made = make_campaign(user, requests=2)
     pk = made.campaign.pk
     client.force_login(other_user)

@@ -128,7 +128,7 @@ def make_campaign(
             index=0,
             message_uuid=f"campaign-{number}-{index}",
             timestamp=created_at - timedelta(days=1, minutes=index),
-            request=f"Request {index + 1}: make the {index + 1}th change in {thread.cwd}.",
+            request=f"Change number {index + 1} in {thread.cwd}: add the option and its test.",
             models_used=["claude-sonnet-4-5"],
             input_tokens=20_000,
             output_tokens=1_500,

@@ -58,6 +58,7 @@ TOKEN_COOKIE_SALT = "replays.campaign-prepare-token"
 # history itself (the models only matter for "cannot be replayed with a chosen model").
 PREVIEW_STAND_IN_MODEL = "historical"
 REQUEST_HEAD_CHARS = 160
+WRONG_RUNS_SHOWN = 20
 
 # What became of one member, as the per-request table says it (keys: the results' outcomes).
 OUTCOME_WORDS = {
@@ -450,6 +451,7 @@ def _campaign_page(
     if approved:
         context.update(_progress_context(campaign))
         context["results"] = results_view(campaign.results or {}, labels)
+    context["short_models"] = short_labels(context["models"])
     if request.htmx and approved:
         return render(request, "replays/includes/campaign_live.html", context, status=status)
     context.update(_scan_context(campaign, labels))
@@ -578,10 +580,23 @@ class ResultsView:
     rows: list[ModelRow]
     pairs: list[PairRow]
     calibration: dict[str, Any]
+    wrong_runs: list[tuple[int, str]]  # the baselines' runs that came out wrong, to look at
+    wrong_runs_more: int
     requests: list[RequestRow]
     models: list[tuple[str, str]]
     chart: Chart
     any_rate: bool
+
+    @property
+    def short_models(self) -> list[tuple[str, str]]:
+        return short_labels(self.models)
+
+
+def short_labels(models: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """Column headings: a baseline's label without "(baseline)", cut to a column's width."""
+    return [
+        (model, Truncator(label.removesuffix(" (baseline)")).chars(28)) for model, label in models
+    ]
 
 
 def _model_row(row: dict[str, Any], label: str) -> ModelRow:
@@ -664,10 +679,17 @@ def results_view(results: dict[str, Any], labels: dict[str, str]) -> ResultsView
             )
         )
     calibration = results.get("calibration") or {"checks": [], "trusted": None, "problems": []}
+    wrong = [
+        (run_id, reverse("replays:run-compare", args=[run_id]))
+        for check in calibration.get("checks") or []
+        for run_id in check.get("wrong_runs") or []
+    ]
     return ResultsView(
         rows=rows,
         pairs=pairs,
         calibration=calibration,
+        wrong_runs=wrong[:WRONG_RUNS_SHOWN],
+        wrong_runs_more=max(0, len(wrong) - WRONG_RUNS_SHOWN),
         requests=requests,
         models=models,
         chart=rate_cost_chart(results.get("chart") or [], label_of),
@@ -737,6 +759,14 @@ class Chart:
     @property
     def sweet_height(self) -> float:
         return round(self.half_y - self.top, 1)
+
+    @property
+    def sweet_label_x(self) -> float:
+        return round(self.one_x - 10, 1)
+
+    @property
+    def sweet_label_y(self) -> float:
+        return round(self.half_y - 10, 1)
 
     @property
     def x_title_y(self) -> int:
