@@ -24,6 +24,7 @@ urlpatterns = [
     path("campaigns/new/", views.campaign_new, name="campaign-new"),
     path("campaigns/new/preview/", views.campaign_preview, name="campaign-preview"),
     path("campaigns/<int:pk>/", views.campaign_detail, name="campaign-detail"),
+    path("campaigns/<int:pk>/excluded/", views.campaign_excluded, name="campaign-excluded"),
     path("campaigns/<int:pk>/approve/", views.campaign_approve, name="campaign-approve"),
     path("campaigns/<int:pk>/cancel/", views.campaign_cancel, name="campaign-cancel"),
     path(

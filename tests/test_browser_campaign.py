@@ -104,6 +104,12 @@ def test_prepare_and_approve_in_the_browser_then_watch_it_run(
         "Found in what the historical agent ran"
     )
 
+    # A reason's fold loads its requests when opened.
+    fold = page.locator('details[data-reason="no_code_change"]')
+    fold.locator("summary").click()
+    expect(fold.locator(".excluded-list li")).to_have_count(1)
+    expect(fold).to_contain_text("What does calc/ops.py do?")
+
     # The token went to this browser only, in a cookie scoped to the campaign's pages.
     page.get_by_role("button", name="Approve").click()
     expect(page.locator(".message-success")).to_contain_text("Approved: 3 requests, 6 runs queued.")

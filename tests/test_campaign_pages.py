@@ -157,10 +157,17 @@ def test_prepare_shows_the_counts_test_commands_estimate_and_the_approval(
     html, text = response.content.decode(), text_of(response)
     assert 'data-count="scanned">6<' in html
     assert 'data-count="selected">3<' in html
-    # Each excluded request with its reason and detail, in a list that folds.
-    assert '<details class="excluded-group" data-reason="repository_missing">' in html
-    assert "is not a git repository here" in text
-    assert "The agent only read and ran commands that change no file." in text
+    # Excluded by reason, each in a fold that loads its list when opened.
+    excluded = f"/campaigns/{campaign.pk}/excluded/?reason="
+    for reason in ("repository_missing", "no_code_change"):
+        assert f'data-reason="{reason}" hx-get="{excluded}{reason}"' in html
+    folded = alice.get(excluded + "repository_missing", HTTP_HX_REQUEST="true")
+    assert "is not a git repository here" in text_of(folded)
+    assert f'href="/threads/{history.threads["gone"].pk}/#turn-1"' in folded.content.decode()
+    folded = alice.get(excluded + "no_code_change", HTTP_HX_REQUEST="true")
+    assert "What does calc/ops.py do?" in text_of(folded)
+    assert "The agent only read and ran commands that change no file." in text_of(folded)
+    assert alice.get(excluded + "nonsense").status_code == 404
     # calc's test command, found in what the historical agent typed, and where.
     command = campaign.test_commands[str(history.calc)]
     origin = command["origin"]
@@ -425,7 +432,8 @@ def test_another_users_campaign_is_not_found(client: Client, user: User, other_u
     pk = made.campaign.pk
     client.force_login(other_user)
     for path in (f"/campaigns/{pk}/", f"/campaigns/{pk}/results.csv",
-                 f"/campaigns/{pk}/results.json", f"/campaigns/new/?from={pk}"):  # fmt: skip
+                 f"/campaigns/{pk}/results.json", f"/campaigns/new/?from={pk}",
+                 f"/campaigns/{pk}/excluded/?reason=no_code_change"):  # fmt: skip
         assert client.get(path).status_code == 404, path
     for path in (f"/campaigns/{pk}/cancel/", f"/campaigns/{pk}/approve/",
                  f"/campaigns/{pk}/prepare-again/"):  # fmt: skip
@@ -489,13 +497,13 @@ def queries_of(client: Client, url: str, **headers: Any) -> int:
     return len(queries)
 
 
-@pytest.mark.parametrize("part", ["page", "live", "list"])
+@pytest.mark.parametrize("part", ["page", "live", "list", "excluded"])
 def test_the_campaign_page_asks_as_many_queries_for_200_requests_x_4_models_as_for_a_few(
     alice: Client, user: User, part: str
 ) -> None:
     small = make_campaign(user, requests=3, models=["historical", "codex:gpt-5.5"]).campaign
     headers = {"HTTP_HX_REQUEST": "true"} if part == "live" else {}
-    url = "/campaigns/" if part == "list" else small.get_absolute_url()
+    url = address(part, small)
     alice.get(url, **headers)  # the first request of a session reads what later ones have
     few = queries_of(alice, url, **headers)
 
@@ -503,5 +511,12 @@ def test_the_campaign_page_asks_as_many_queries_for_200_requests_x_4_models_as_f
     for _ in range(3):
         make_campaign(user, requests=5)
     assert Run.objects.filter(batch__campaign=large).count() == 800
-    url = "/campaigns/" if part == "list" else large.get_absolute_url()
-    assert queries_of(alice, url, **headers) == few
+    assert queries_of(alice, address(part, large), **headers) == few
+
+
+def address(part: str, campaign: Campaign) -> str:
+    if part == "list":
+        return "/campaigns/"
+    if part == "excluded":
+        return f"/campaigns/{campaign.pk}/excluded/?reason={ExclusionReason.NO_CODE_CHANGE}"
+    return campaign.get_absolute_url()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
@@ -27,6 +28,8 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.template.defaultfilters import pluralize
 from django.urls import reverse
+from django.utils.html import format_html
+from django.utils.safestring import SafeString, mark_safe
 from django.utils.text import Truncator
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
@@ -59,6 +62,8 @@ TOKEN_COOKIE_SALT = "replays.campaign-prepare-token"
 PREVIEW_STAND_IN_MODEL = "historical"
 REQUEST_HEAD_CHARS = 160
 WRONG_RUNS_SHOWN = 20
+# The most requests one reason's list shows (its fold says how many more).
+EXCLUDED_SHOWN = 1000
 
 # What became of one member, as the per-request table says it (keys: the results' outcomes).
 OUTCOME_WORDS = {
@@ -84,6 +89,14 @@ OUTCOME_TONES = {
     "failed": "bad",
     "awaiting_report": "waiting",
 }
+
+
+def path_maker(name: str) -> Callable[[int], str]:
+    """reverse() for many ids at the price of one: a page of 800 outcomes would spend tens
+    of milliseconds reversing the same pattern."""
+    marker = 987654321
+    head, tail = reverse(name, args=[marker]).split(str(marker))
+    return lambda pk: f"{head}{pk}{tail}"
 
 
 def _token_cookie(campaign_id: int) -> str:
@@ -241,20 +254,22 @@ class PageError:
 
 @dataclass
 class ScannedRequest:
-    """One scanned request as the lists show it."""
+    """One scanned request as the lists show it (worked out here: a list can be long)."""
 
     row: CampaignRequest
     number: int  # the request's number in its thread (1-based)
     url: str
     head: str
-    estimates: list[str] = field(default_factory=list)
+    title: str
+    estimates: list[str | None] = field(default_factory=list)
 
-
-@dataclass
-class ExcludedGroup:
-    reason: str
-    label: str
-    requests: list[ScannedRequest]
+    @property
+    def estimates_html(self) -> SafeString:
+        parts = [
+            format_html('<td class="num">{}</td>', formatting.usd_html(cost))
+            for cost in self.estimates
+        ]
+        return mark_safe("".join(parts))  # each part escaped by format_html
 
 
 @dataclass
@@ -278,12 +293,14 @@ class EstimateRow:
 
 
 def _scanned(rows: Any) -> list[ScannedRequest]:
+    thread_path = path_maker("replays:thread-detail")
     return [
         ScannedRequest(
             row=row,
             number=row.turn.index + 1,
-            url=f"{reverse('replays:thread-detail', args=[row.thread_id])}#turn-{row.turn.index + 1}",
+            url=f"{thread_path(row.thread_id)}#turn-{row.turn.index + 1}",
             head=first_line(row.request_head, 120),
+            title=Truncator(row.thread.title or row.thread.session_id).chars(60),
         )
         for row in rows
     ]
@@ -316,15 +333,23 @@ def _requests(campaign: Campaign) -> Any:
     )
 
 
-def _excluded_groups(campaign: Campaign) -> list[ExcludedGroup]:
-    labels = dict(ExclusionReason.choices)
-    groups: dict[str, ExcludedGroup] = {}
-    for item in _scanned(_requests(campaign).filter(eligible=False)):
-        reason = item.row.reason
-        groups.setdefault(reason, ExcludedGroup(reason, labels.get(reason, reason), []))
-        groups[reason].requests.append(item)
-    order = {value: index for index, value in enumerate(ExclusionReason.values)}
-    return sorted(groups.values(), key=lambda group: order.get(group.reason, 99))
+@login_required
+@require_GET
+def campaign_excluded(request: HttpRequest, pk: int) -> HttpResponse:
+    """The requests one reason excluded, each with its detail: the fragment a reason's fold
+    on the campaign page loads when opened (a scan of thousands stays out of the page)."""
+    campaign = get_object_or_404(Campaign.objects.visible_to(request.user), pk=pk)
+    reason = request.GET.get("reason", "")
+    if not reason or reason not in ExclusionReason.values:
+        raise Http404("No such reason.")
+    rows = _requests(campaign).filter(eligible=False, reason=reason)
+    shown = _scanned(rows[:EXCLUDED_SHOWN])
+    total = int(((campaign.counts or {}).get("excluded") or {}).get(reason, len(shown)))
+    return render(
+        request,
+        "replays/includes/campaign_excluded.html",
+        {"requests": shown, "more": max(0, total - len(shown))},
+    )
 
 
 def _selection(campaign: Campaign, models: list[str]) -> list[ScannedRequest]:
@@ -398,15 +423,15 @@ def _state(campaign: Campaign) -> tuple[str, str]:
 
 
 def _scan_context(campaign: Campaign, labels: dict[str, str]) -> dict[str, Any]:
-    """What prepare found: shown for the approval, and kept below the results after it."""
+    """What prepare found: shown for the approval, and kept below the results after it
+    (where the results' table of requests stands for the selection)."""
     configuration = campaign.configuration
     models = list(configuration.get("models") or [])
     counts = campaign.counts or {}
     return {
         "counts": counts,
         "reasons": _reason_counts(counts.get("excluded") or {}),
-        "excluded_groups": _excluded_groups(campaign),
-        "selection": _selection(campaign, models),
+        "selection": [] if campaign.approved_at else _selection(campaign, models),
         "test_commands": _test_commands(campaign),
         "estimate": campaign.estimate or {},
         "estimate_rows": _estimate_rows(campaign, labels),
@@ -485,7 +510,11 @@ def _progress_context(campaign: Campaign) -> dict[str, Any]:
     budget = money.budget
     return {
         "money": money,
-        "waiting_for_money": budgets.waiting_for_money(campaign),
+        # Only a running campaign with a budget can wait for money (the check costs a
+        # second reading of the money).
+        "waiting_for_money": campaign.status == CampaignStatus.RUNNING
+        and money.budget is not None
+        and budgets.waiting_for_money(campaign),
         "member_counts": [
             StatusCount(value, label, members[value])
             for value, label in RunStatus.choices
@@ -564,6 +593,23 @@ class OutcomeCell:
     title: str
     cost: str
 
+    @property
+    def html(self) -> SafeString:
+        """The cell's content, written here once (a table can hold 4,000 of them)."""
+        if self.url:
+            badge = format_html(
+                '<a class="outcome outcome-{}" href="{}" title="{}">{}</a>',
+                self.tone, self.url, self.title, self.text,
+            )  # fmt: skip
+        else:
+            badge = format_html(
+                '<span class="outcome outcome-{}" title="{}">{}</span>',
+                self.tone, self.title, self.text,
+            )  # fmt: skip
+        if self.cost:
+            return format_html('{}<span class="outcome-cost">{}</span>', badge, self.cost)
+        return badge
+
 
 @dataclass
 class RequestRow:
@@ -573,6 +619,11 @@ class RequestRow:
     repository: str
     gradable: str
     cells: list[OutcomeCell]
+
+    @property
+    def cells_html(self) -> SafeString:
+        parts = [format_html('<td class="outcome-cell">{}</td>', cell.html) for cell in self.cells]
+        return mark_safe("".join(parts))  # each part escaped by format_html
 
 
 @dataclass
@@ -619,7 +670,9 @@ def _model_row(row: dict[str, Any], label: str) -> ModelRow:
     )
 
 
-def _outcome_cell(outcome: dict[str, Any] | None, label: str) -> OutcomeCell:
+def _outcome_cell(
+    outcome: dict[str, Any] | None, label: str, compare_path: Callable[[int], str]
+) -> OutcomeCell:
     if outcome is None:
         return OutcomeCell("—", "none", "", f"{label} has no run for this request", "")
     kind = str(outcome.get("outcome") or "")
@@ -630,9 +683,7 @@ def _outcome_cell(outcome: dict[str, Any] | None, label: str) -> OutcomeCell:
     return OutcomeCell(
         text=text,
         tone=OUTCOME_TONES.get(kind, "apart"),
-        url=reverse("replays:run-compare", args=[outcome["run_id"]])
-        if outcome.get("run_id")
-        else "",
+        url=compare_path(outcome["run_id"]) if outcome.get("run_id") else "",
         title=title,
         cost=formatting.usd(cost) if cost is not None else "",
     )
@@ -665,22 +716,29 @@ def results_view(results: dict[str, Any], labels: dict[str, str]) -> ResultsView
     numbers = dict(
         Turn.objects.filter(pk__in=[item["turn_id"] for item in found]).values_list("pk", "index")
     )
+    thread_path, compare_path = (
+        path_maker("replays:thread-detail"),
+        path_maker("replays:run-compare"),
+    )
     for item in found:
         outcomes = item.get("outcomes") or {}
         anchor = f"#turn-{numbers[item['turn_id']] + 1}" if item["turn_id"] in numbers else ""
         requests.append(
             RequestRow(
                 item=item,
-                url=reverse("replays:thread-detail", args=[item["thread_id"]]) + anchor,
+                url=thread_path(item["thread_id"]) + anchor,
                 head=first_line(item.get("request") or "", 100),
                 repository=formatting.short_path(item.get("repository")),
                 gradable=_gradable_text(item.get("gradable")),
-                cells=[_outcome_cell(outcomes.get(model), label) for model, label in models],
+                cells=[
+                    _outcome_cell(outcomes.get(model), label, compare_path)
+                    for model, label in models
+                ],
             )
         )
     calibration = results.get("calibration") or {"checks": [], "trusted": None, "problems": []}
     wrong = [
-        (run_id, reverse("replays:run-compare", args=[run_id]))
+        (run_id, compare_path(run_id))
         for check in calibration.get("checks") or []
         for run_id in check.get("wrong_runs") or []
     ]
