@@ -32,6 +32,7 @@ from replays.models import (
     ExclusionReason,
     Run,
     RunStatus,
+    Turn,
 )
 from tests.campaign_fixtures import History, build_history
 
@@ -280,6 +281,19 @@ def test_form_mistakes_are_shown_at_their_fields(alice: Client, history: History
     assert refused.status_code == 400
     assert refused.context["form"].errors["until"] == ["filters.until is before filters.since."]
     assert not Campaign.objects.exists()
+
+
+def test_the_page_still_shows_requests_whose_turns_are_gone(
+    alice: Client, history: History
+) -> None:
+    """Importing a thread again replaces its turns: the campaign keeps what it scanned."""
+    campaign = prepare(alice)
+    Turn.objects.filter(thread=history.threads["calc"]).delete()
+    response = alice.get(campaign.get_absolute_url())
+    assert response.status_code == 200
+    assert "Add a neg function to calc/ops.py with a test." in text_of(response)
+    folded = alice.get(f"/campaigns/{campaign.pk}/excluded/?reason=no_code_change")
+    assert "What does calc/ops.py do?" in text_of(folded)
 
 
 def test_a_given_test_command_is_shown_as_given(alice: Client, history: History) -> None:

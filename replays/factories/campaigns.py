@@ -225,6 +225,18 @@ def make_campaign(
             campaign=campaign,
             thread=thread,
             turn=turn,
+            message_uuid=turn.message_uuid,
+            request=turn.request,
+            timestamp=turn.timestamp,
+            history_cost_usd=turn.cost_usd,
+            history_seconds=turn.seconds,
+            history_usage={
+                "input_tokens": turn.input_tokens,
+                "output_tokens": turn.output_tokens,
+                "cache_read_tokens": 0,
+                "cache_write_5m_tokens": 0,
+                "cache_write_1h_tokens": 0,
+            },  # fmt: skip
             position=index,
             eligible=index < requests,
             reason="" if index < requests else ExclusionReason.NO_CODE_CHANGE,

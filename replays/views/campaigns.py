@@ -257,7 +257,7 @@ class ScannedRequest:
     """One scanned request as the lists show it (worked out here: a list can be long)."""
 
     row: CampaignRequest
-    number: int  # the request's number in its thread (1-based)
+    number: int | None  # the request's number in its thread (1-based; None: turn gone)
     url: str
     head: str
     title: str
@@ -294,16 +294,20 @@ class EstimateRow:
 
 def _scanned(rows: Any) -> list[ScannedRequest]:
     thread_path = path_maker("replays:thread-detail")
-    return [
-        ScannedRequest(
-            row=row,
-            number=row.turn.index + 1,
-            url=f"{thread_path(row.thread_id)}#turn-{row.turn.index + 1}",
-            head=first_line(row.request_head, 120),
-            title=Truncator(row.thread.title or row.thread.session_id).chars(60),
+    found = []
+    for row in rows:
+        # The turn is gone when its thread was imported again since (the row keeps the rest).
+        number = row.turn.index + 1 if row.turn is not None else None
+        found.append(
+            ScannedRequest(
+                row=row,
+                number=number,
+                url=thread_path(row.thread_id) + (f"#turn-{number}" if number else ""),
+                head=first_line(row.request_head, 120),
+                title=Truncator(row.thread.title or row.thread.session_id).chars(60),
+            )
         )
-        for row in rows
-    ]
+    return found
 
 
 def _requests(campaign: Campaign) -> Any:
@@ -324,11 +328,10 @@ def _requests(campaign: Campaign) -> Any:
             "repository",
             "thread__title",
             "thread__session_id",
+            "history_cost_usd",
             "turn__index",
-            "turn__cost_usd",
-            "turn__seconds",
         )  # fmt: skip
-        .annotate(request_head=Substr("turn__request", 1, REQUEST_HEAD_CHARS))
+        .annotate(request_head=Substr("request", 1, REQUEST_HEAD_CHARS))
         .order_by("position")
     )
 
@@ -712,17 +715,24 @@ def results_view(results: dict[str, Any], labels: dict[str, str]) -> ResultsView
     ]
     requests = []
     found = results.get("requests") or []
-    # The results name each request's turn; its number in the thread is the page's anchor.
-    numbers = dict(
-        Turn.objects.filter(pk__in=[item["turn_id"] for item in found]).values_list("pk", "index")
-    )
+    # The results name each request by its thread and message; its number in the thread
+    # is the thread page's anchor (one query for all of them).
+    keys = {(item["thread_id"], item.get("start_message_uuid")) for item in found}
+    numbers = {
+        (thread_id, uuid): index
+        for thread_id, uuid, index in Turn.objects.filter(
+            thread_id__in={thread_id for thread_id, _ in keys},
+            message_uuid__in={uuid for _, uuid in keys},
+        ).values_list("thread_id", "message_uuid", "index")
+    }
     thread_path, compare_path = (
         path_maker("replays:thread-detail"),
         path_maker("replays:run-compare"),
     )
     for item in found:
         outcomes = item.get("outcomes") or {}
-        anchor = f"#turn-{numbers[item['turn_id']] + 1}" if item["turn_id"] in numbers else ""
+        index = numbers.get((item["thread_id"], item.get("start_message_uuid")))
+        anchor = f"#turn-{index + 1}" if index is not None else ""
         requests.append(
             RequestRow(
                 item=item,
