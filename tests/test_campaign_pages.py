@@ -24,6 +24,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from replays.factories.campaigns import make_campaign
+from replays.formatting import duration
 from replays.models import (
     Batch,
     Campaign,
@@ -176,10 +177,10 @@ def test_prepare_shows_the_counts_test_commands_estimate_and_the_approval(
     assert origin["typed"] in text and "-m pytest -q" in origin["typed"]
     assert "Found in what the historical agent ran" in text
     # notes has none, and says why.
-    assert "No test command: No test runner was found" in text
+    assert "No test command. No test runner was found" in text
     # The estimate: the baselines call no model (a known $0), the time at capacity.
     assert 'data-estimate="total">$0.00<' in html
-    assert "History's time" in text
+    assert f"≈ {duration(campaign.estimate['seconds'])}" in text  # the time at capacity
     assert "$5.00" in text  # the budget
     assert campaign.approval_prompt in text
     assert f'action="/campaigns/{campaign.pk}/approve/"' in html
