@@ -88,7 +88,41 @@ class SelectWithDisabled(forms.Select):
         return option
 
 
-class ReplayForm(forms.Form):
+class OffersModels:
+    """A form's model checkboxes and evaluator select, as discovery found them (the replay
+    form's and the campaign form's): unavailable ones shown with why, not selectable."""
+
+    fields: dict[str, Any]
+    model_infos: list[ModelInfo]
+
+    def offer(self, model_infos: list[ModelInfo], evaluator_infos: list[EvaluatorInfo]) -> None:
+        self.model_infos = model_infos
+        self.fields["models"].choices = [(info.id, info.label) for info in model_infos]
+        self.fields["evaluator"].choices = [("", "Default (decided by prepare)")] + [
+            (info.id, evaluator_choice_label(info)) for info in evaluator_infos
+        ]
+        self.fields["evaluator"].widget.disabled_values = {
+            info.id for info in evaluator_infos if not info.available
+        }
+        self.fields["timeout_minutes"].initial = max(
+            1, round(settings.REPLAYS_DEFAULT_TIMEOUT_SECONDS / 60)
+        )
+
+    def model_options(self) -> list[dict[str, Any]]:
+        """The checkboxes: baselines first (with what they calibrate), then the agents' models."""
+        chosen = set(self["models"].value() or [])  # type: ignore[index]
+        return [
+            {
+                "info": info,
+                "checked": info.id in chosen and info.available,
+                "description": BASELINE_DESCRIPTIONS.get(info.id, ""),
+                "html_id": f"id_models_{index}",
+            }
+            for index, info in enumerate(self.model_infos)
+        ]
+
+
+class ReplayForm(OffersModels, forms.Form):
     """One thread, a range of its requests, and the models to replay it with.
 
     Only shapes the input: prepare (replays.planning) validates the configuration and
@@ -173,14 +207,7 @@ class ReplayForm(forms.Form):
         self.thread = thread
         # Offered up front when the thread's folder is not a repository here (planning).
         self.known_clones = known_clones or []
-        self.model_infos = model_infos
-        self.fields["models"].choices = [(info.id, info.label) for info in model_infos]
-        self.fields["evaluator"].choices = [("", "Default (decided by prepare)")] + [
-            (info.id, evaluator_choice_label(info)) for info in evaluator_infos
-        ]
-        self.fields["evaluator"].widget.disabled_values = {
-            info.id for info in evaluator_infos if not info.available
-        }
+        self.offer(model_infos, evaluator_infos)
         # A request the user rolled back is not offered: the thread went on without it.
         turns = list(
             thread.turns.filter(rolled_back=False)
@@ -195,9 +222,6 @@ class ReplayForm(forms.Form):
         if turns:
             self.fields["start_message_uuid"].initial = turns[0].message_uuid
             self.fields["end_message_uuid"].initial = turns[-1].message_uuid
-        self.fields["timeout_minutes"].initial = max(
-            1, round(settings.REPLAYS_DEFAULT_TIMEOUT_SECONDS / 60)
-        )
         for name in ("repository", "baseline_commit", "ending_commit", "verify_command"):
             self.fields[name].widget.attrs.update(autocomplete="off", spellcheck="false")
         self.fields["repository"].widget.attrs["placeholder"] = thread.cwd or "/path/to/clone"
@@ -210,21 +234,6 @@ class ReplayForm(forms.Form):
                 f"here; {first['repository']} is {first['reason']}"
                 + (" (more in the list)." if len(self.known_clones) > 1 else ".")
             )
-
-    def model_options(self) -> list[dict[str, Any]]:
-        """The checkboxes: baselines first (with what they calibrate), then the agents' models."""
-        chosen = set(self["models"].value() or [])
-        options = []
-        for info in self.model_infos:
-            options.append(
-                {
-                    "info": info,
-                    "checked": info.id in chosen and info.available,
-                    "description": BASELINE_DESCRIPTIONS.get(info.id, ""),
-                    "html_id": f"id_models_{len(options)}",
-                }
-            )
-        return options
 
     def configuration(self) -> dict[str, Any]:
         """The raw configuration for planning.prepare_plan (call after is_valid())."""
@@ -303,7 +312,7 @@ class DateInput(forms.DateInput):
     input_type = "date"
 
 
-class CampaignForm(forms.Form):
+class CampaignForm(OffersModels, forms.Form):
     """Which of the user's own requests to scan, how many to select, the models, the
     evaluator and the budget. Only shapes the input: prepare (replays.campaigns) validates
     the configuration and says what is wrong, in the same words the API and the command use."""
@@ -410,17 +419,7 @@ class CampaignForm(forms.Form):
         **kwargs: Any,
     ):
         super().__init__(*args, **kwargs)
-        self.model_infos = model_infos
-        self.fields["models"].choices = [(info.id, info.label) for info in model_infos]
-        self.fields["evaluator"].choices = [("", "Default (decided by prepare)")] + [
-            (info.id, evaluator_choice_label(info)) for info in evaluator_infos
-        ]
-        self.fields["evaluator"].widget.disabled_values = {
-            info.id for info in evaluator_infos if not info.available
-        }
-        self.fields["timeout_minutes"].initial = max(
-            1, round(settings.REPLAYS_DEFAULT_TIMEOUT_SECONDS / 60)
-        )
+        self.offer(model_infos, evaluator_infos)
         for name in ("repository", "folder", "verify_commands"):
             self.fields[name].widget.attrs.update(autocomplete="off", spellcheck="false")
         self.fields["repository"].widget.attrs["placeholder"] = "/path/to/clone"
@@ -483,19 +482,6 @@ class CampaignForm(forms.Form):
                 )
             commands[repository.strip()] = command.strip()
         return commands
-
-    def model_options(self) -> list[dict[str, Any]]:
-        """The checkboxes, as the replay form offers them (baselines with what they calibrate)."""
-        chosen = set(self["models"].value() or [])
-        return [
-            {
-                "info": info,
-                "checked": info.id in chosen and info.available,
-                "description": BASELINE_DESCRIPTIONS.get(info.id, ""),
-                "html_id": f"id_models_{index}",
-            }
-            for index, info in enumerate(self.model_infos)
-        ]
 
     def configuration(self) -> dict[str, Any]:
         """The raw configuration for campaigns.prepare_campaign and preview (after is_valid())."""

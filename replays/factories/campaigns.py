@@ -25,6 +25,7 @@ from django.contrib.auth.models import User
 
 from replays.approval import configuration_columns
 from replays.evaluation import campaign_results
+from replays.factories.leaderboard import WINNERS
 from replays.models import (
     Batch,
     Campaign,
@@ -42,13 +43,11 @@ from replays.models import (
     SourceKind,
     Thread,
     Turn,
-    Winner,
 )
 from replays.runspec import RunSpec
 
 REPOSITORIES = ("/srv/repos/api", "/srv/repos/web", "/srv/repos/tools")
 CREATED = datetime(2026, 11, 20, 9, 0, tzinfo=UTC)
-WINNERS = {"win": Winner.REPLAY, "tie": Winner.TIE, "loss": Winner.HISTORICAL}
 DEFAULT_MODELS = ("historical", "empty", "codex:gpt-5.5", "claude_code:claude-sonnet-4-5")
 # What each model does by default: history's own change ties (as good), no change loses,
 # the agents' models vary, with now and then a failure, a setup problem, a budget stop.

@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
-from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
@@ -48,15 +47,18 @@ from replays.models import (
     Thread,
     Turn,
 )
-from replays.views.common import model_labels
-from replays.views.leaderboard import percent
+from replays.views.common import TokenCookie, model_labels
+from replays.views.leaderboard import interval_bar, interval_text
+from replays.views.replays import PageError
 
 CAMPAIGNS_PER_PAGE = 25
 # How often a running campaign's page asks for its live part again.
 POLL_SECONDS = 2
 # The page flow hands the prepare token to the browser once, in a signed cookie scoped to
-# the campaign's pages, as the plan pages do (replays/views/replays.py).
-TOKEN_COOKIE_SALT = "replays.campaign-prepare-token"
+# the campaign's pages, as the plan pages do.
+CAMPAIGN_TOKEN = TokenCookie(
+    "campaign_token_", "replays.campaign-prepare-token", "replays:campaign-detail"
+)
 # The preview needs a model to decide with; before one is chosen it scans as if replaying
 # history itself (the models only matter for "cannot be replayed with a chosen model").
 PREVIEW_STAND_IN_MODEL = "historical"
@@ -99,37 +101,11 @@ def path_maker(name: str) -> Callable[[int], str]:
     return lambda pk: f"{head}{pk}{tail}"
 
 
-def _token_cookie(campaign_id: int) -> str:
-    return f"campaign_token_{campaign_id}"
-
-
-def _campaign_path(campaign_id: int) -> str:
-    return reverse("replays:campaign-detail", args=[campaign_id])
-
-
-def _token_from_cookie(request: HttpRequest, campaign_id: int) -> str | None:
-    return request.get_signed_cookie(
-        _token_cookie(campaign_id),
-        default=None,
-        salt=TOKEN_COOKIE_SALT,
-        max_age=settings.REPLAYS_PREPARE_TOKEN_SECONDS,
-    )
-
-
 def _after_prepare(request: HttpRequest, prepared: campaigns.PreparedCampaign) -> HttpResponse:
     campaign = prepared.campaign
     response = redirect(campaign)
     if prepared.prepare_token is not None:
-        response.set_signed_cookie(
-            _token_cookie(campaign.pk),
-            prepared.prepare_token,
-            salt=TOKEN_COOKIE_SALT,
-            max_age=settings.REPLAYS_PREPARE_TOKEN_SECONDS,
-            path=_campaign_path(campaign.pk),
-            secure=request.is_secure(),
-            httponly=True,
-            samesite="Strict",
-        )
+        CAMPAIGN_TOKEN.give(request, response, campaign.pk, prepared.prepare_token)
     return response
 
 
@@ -241,15 +217,6 @@ def _reason_counts(excluded: dict[str, int]) -> list[PreviewReason]:
 
 
 # --- a campaign's page ----------------------------------------------------------------------
-
-
-@dataclass
-class PageError:
-    """An approval refusal as the campaign page shows it."""
-
-    message: str
-    code: str
-    can_prepare_again: bool = True
 
 
 @dataclass
@@ -487,7 +454,7 @@ def _campaign_page(
         {
             "ready": campaign.status == CampaignStatus.READY_FOR_APPROVAL,
             "expired": campaign.is_expired,
-            "has_token": _token_from_cookie(request, campaign.pk) is not None,
+            "has_token": CAMPAIGN_TOKEN.read(request, campaign.pk) is not None,
             "is_owner": campaign.owner_id == request.user.pk,
         }
     )
@@ -557,13 +524,6 @@ def p_value_text(p: float | None) -> str:
     if p is None:
         return "—"
     return "<0.001" if p < 0.001 else f"{p:.3f}"
-
-
-def rate_text(row: dict[str, Any]) -> str:
-    """62% (48–74%): the rate and its Wilson interval."""
-    if row.get("rate") is None:
-        return "—"
-    return f"{percent(row['rate'])} ({round((row.get('rate_low') or 0) * 100)}–{percent(row.get('rate_high'))})"
 
 
 @dataclass
@@ -654,19 +614,16 @@ def short_labels(models: list[tuple[str, str]]) -> list[tuple[str, str]]:
 
 
 def _model_row(row: dict[str, Any], label: str) -> ModelRow:
-    low, high, rate = (
-        row.get("rate_low") or 0.0,
-        row.get("rate_high") or 0.0,
-        row.get("rate") or 0.0,
-    )
+    figures = (row.get("rate"), row.get("rate_low"), row.get("rate_high"))
+    bar_low, bar_width, bar_rate = interval_bar(*figures)
     reasons = row.get("not_counted_reasons") or {}
     return ModelRow(
         row=row,
         label=label,
-        rate_text=rate_text(row),
-        bar_low=round(low * 100, 2),
-        bar_width=round(max(high - low, 0.0) * 100, 2),
-        bar_rate=round(min(rate * 100, 98.8), 2),
+        rate_text=interval_text(*figures),
+        bar_low=bar_low,
+        bar_width=bar_width,
+        bar_rate=bar_rate,
         not_counted_text=", ".join(f"{count} {reason}" for reason, count in reasons.items()),
         cost_ratio=ratio_text(row.get("cost_ratio_median")),
         time_ratio=ratio_text(row.get("time_ratio_median")),
@@ -872,10 +829,10 @@ def rate_cost_chart(points: list[dict[str, Any]], labels: dict[str, str]) -> Cha
         cx, cy = _chart_x(point["x"]), _chart_y(point["rate"])
         # A label near the right edge goes on the point's left.
         on_left = cx > CHART_RIGHT - 150
+        rate = interval_text(point["rate"], point.get("rate_low"), point.get("rate_high"))
         text = (
-            f"{label}: as good as history {percent(point['rate'])} "
-            f"({round((point.get('rate_low') or 0) * 100)}–{percent(point.get('rate_high'))}), "
-            f"cost {ratio_text(point.get('cost_ratio'))} history's"
+            f"{label}: as good as history {rate}, cost {ratio_text(point.get('cost_ratio'))} "
+            "history's"
         )
         drawn.append(
             ChartPoint(
@@ -919,7 +876,7 @@ def _ratio_position(ratio: float) -> float:
 @require_POST
 def campaign_approve(request: HttpRequest, pk: int) -> HttpResponse:
     campaign = get_object_or_404(Campaign.objects.visible_to(request.user), pk=pk)
-    token = _token_from_cookie(request, campaign.pk)
+    token = CAMPAIGN_TOKEN.read(request, campaign.pk)
     if token is None:
         if campaign.approved_at is not None:
             messages.info(request, f"Campaign {campaign.pk} was already approved.")
@@ -953,10 +910,7 @@ def campaign_approve(request: HttpRequest, pk: int) -> HttpResponse:
             "queued.",
         )
     response = redirect(approval.campaign)
-    # Single use: the browser has no more need for the token.
-    response.delete_cookie(
-        _token_cookie(campaign.pk), path=_campaign_path(campaign.pk), samesite="Strict"
-    )
+    CAMPAIGN_TOKEN.forget(response, campaign.pk)
     return response
 
 
