@@ -43,6 +43,7 @@ from replays.models import (
     CampaignRequest,
     CampaignStatus,
     ExclusionReason,
+    Run,
     RunStatus,
     Thread,
     Turn,
@@ -429,7 +430,9 @@ def _campaign_page(
     models = list(configuration.get("models") or [])
     state, state_label = _state(campaign)
     approved = campaign.approved_at is not None
-    active = approved and budgets.active(campaign)
+    # The results were just brought up to date: their members say what is still active.
+    members = (campaign.results or {}).get("members") or {}
+    active = approved and any(members.get(status) for status in ACTIVE_RUN_STATUSES)
     context: dict[str, Any] = {
         "campaign": campaign,
         "state": state,
@@ -480,11 +483,8 @@ def _progress_context(campaign: Campaign) -> dict[str, Any]:
     budget = money.budget
     return {
         "money": money,
-        # Only a running campaign with a budget can wait for money (the check costs a
-        # second reading of the money).
         "waiting_for_money": campaign.status == CampaignStatus.RUNNING
-        and money.budget is not None
-        and budgets.waiting_for_money(campaign),
+        and budgets.waiting_for_money(campaign, money),
         "member_counts": [
             StatusCount(value, label, members[value])
             for value, label in RunStatus.choices
@@ -924,7 +924,7 @@ def campaign_cancel(request: HttpRequest, pk: int) -> HttpResponse:
         )
         return redirect(campaign)
     campaign = campaigns.cancel_campaign(campaign=campaign)
-    if budgets.active(campaign):
+    if Run.objects.filter(batch__campaign=campaign, status__in=ACTIVE_RUN_STATUSES).exists():
         messages.success(
             request,
             "Campaign cancelled: nothing more starts; running runs stop within a few seconds.",
