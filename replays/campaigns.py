@@ -740,9 +740,14 @@ def prepare_campaign(
 def preview(owner: AbstractBaseUser, raw_configuration: Any) -> dict[str, Any]:
     """The counts prepare would show, nothing stored (the form's live preview)."""
     configuration = normalise_campaign(raw_configuration)
+    evaluator, _, _ = _evaluator_of(configuration)
     found = scan(owner, configuration)
-    eligible = [candidate for candidate in found.candidates if candidate.eligible]
-    return {**found.counts(), "would_select": min(configuration["limit"], len(eligible))}
+    # As prepare selects, but no test runs for a preview: gradable only counts what is known.
+    select(found, {**configuration, "gradable_only": False}, evaluator=evaluator)
+    counts = found.counts()
+    eligible = [c for c in found.candidates if c.eligible and
+                (c.gradable is not False or not configuration["gradable_only"])]  # fmt: skip
+    return {**counts, "would_select": min(configuration["limit"], len(eligible))}
 
 
 def _evaluator_of(configuration: dict[str, Any]) -> tuple[str, list[str], list[str]]:

@@ -18,8 +18,8 @@ from pathlib import Path
 from django.contrib.auth.models import User
 
 from replays import importing
-from replays.models import Thread
 from replays.factories.histories import Step, make_repo, write_session
+from replays.models import Thread
 
 START = datetime(2026, 10, 5, 9, 0, tzinfo=UTC)
 PYTEST = f"{sys.executable} -m pytest -q"

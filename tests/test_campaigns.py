@@ -16,6 +16,7 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from replays import budgets, importing, statistics
+from replays.factories.histories import Step, make_repo, write_session
 from replays.models import (
     FINISHED_RUN_STATUSES,
     Batch,
@@ -31,7 +32,6 @@ from replays.models import (
     Winner,
 )
 from tests.campaign_fixtures import PYTEST, History, build_history
-from replays.factories.histories import Step, make_repo, write_session
 
 BASELINES = {"models": ["historical", "empty"], "evaluator": "tests"}
 
@@ -476,3 +476,16 @@ def test_results_are_kept_and_exported_as_json_and_csv(history: History, user: U
     assert table[0][:3] == ["model", "n", "wins"]
     assert table[1][0] == "historical"
     assert Thread.objects.count() == 3
+
+
+def test_the_preview_counts_what_prepare_would_select_and_stores_nothing(
+    history: History, user: User
+) -> None:
+    counts = campaigns.preview(user, {**BASELINES, "limit": 10})
+    assert counts["excluded"] == {
+        "no_code_change": 1, "repository_missing": 1, "not_gradable": 1,
+    }  # fmt: skip
+    assert counts["would_select"] == 3
+    assert not Campaign.objects.exists()
+    prepared = prepare(client_for(user), limit=10).json()
+    assert prepared["counts"]["selected"] == counts["would_select"]

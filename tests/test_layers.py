@@ -17,7 +17,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "replays"
 
 GROUND = {"transcripts", "pricing", "repos", "processes", "runfolder", "statistics", "formatting",
-          "diffview", "access", "sandbox", "runspec", "errors", "evidence"}  # fmt: skip
+          "diffview", "access", "sandbox", "runspec", "errors", "evidence", "commitgraph"}  # fmt: skip
 SERVICES = {"importing", "planning", "approval", "dispatch", "supervision", "coordinator", "agents",
             "evaluation", "context", "hosts", "doctor", "runlogs", "accounts", "wakeups",
             "estimates", "campaigns", "budgets"}  # fmt: skip

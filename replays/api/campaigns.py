@@ -10,12 +10,13 @@ from django.shortcuts import get_object_or_404
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import serializers, status
-from rest_framework.renderers import BaseRenderer, BrowsableAPIRenderer, JSONRenderer
+from rest_framework.renderers import BrowsableAPIRenderer, JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from replays import budgets, campaigns
+from replays.api.renderers import CSVRenderer, ExportMixin
 from replays.api.serializers import cost_field
 from replays.api.throttling import WRITE_SCOPE
 from replays.api.views import error_responses, json_object, write_schema
@@ -356,23 +357,22 @@ FORMAT = OpenApiParameter(
 )
 
 
-class ResultsCSVRenderer(BaseRenderer):
+class ResultsCSVRenderer(CSVRenderer):
     """The results (the per-model table, then each request's outcomes) as one CSV file."""
 
-    media_type = "text/csv"
-    format = "csv"
-    charset = "utf-8"
-
     def render(
-        self, data: Any, accepted_media_type: Any = None, renderer_context: Any = None
+        self, data: Any, accepted_media_type: str | None = None, renderer_context: Any = None
     ) -> bytes:
-        if isinstance(data, dict) and "models" in data:
-            return campaign_results.results_csv(data).encode(self.charset)
-        return JSONRenderer().render(data)  # an error, in the API's one shape
+        return campaign_results.results_csv(data).encode(self.charset)
 
 
-class CampaignResultsView(APIView):
+class CampaignResultsView(ExportMixin, APIView):
+    """Errors stay JSON whatever format was asked for (ExportMixin)."""
+
     renderer_classes = [JSONRenderer, BrowsableAPIRenderer, ResultsCSVRenderer]
+
+    def export_filename(self) -> str:
+        return f"campaign-{self.kwargs['pk']}-results"
 
     @extend_schema(
         parameters=[FORMAT],
@@ -399,12 +399,7 @@ class CampaignResultsView(APIView):
             "requests": results.get("requests") or [],
             "chart": results.get("chart") or [],
         }
-        response = Response(CampaignResultsSerializer(body).data)
-        if isinstance(getattr(request, "accepted_renderer", None), ResultsCSVRenderer):
-            response["Content-Disposition"] = (
-                f'attachment; filename="campaign-{campaign.pk}-results.csv"'
-            )
-        return response
+        return Response(CampaignResultsSerializer(body).data)
 
 
 class CampaignCancelView(APIView):
