@@ -15,7 +15,7 @@ from django.contrib.auth.models import User
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from replays import budgets, importing, statistics
+from replays import budgets, campaigns, importing, statistics
 from replays.factories.histories import Step, make_repo, write_session
 from replays.models import (
     FINISHED_RUN_STATUSES,
