@@ -73,7 +73,7 @@ SELECTIONS = ("last", "sample")
 FILTER_KEYS = {"tool", "repository", "folder", "since", "until", "last"}
 CONFIGURATION_KEYS = {
     "models", "evaluator", "limit", "selection", "seed", "budget_usd", "gradable_only",
-    "filters", "verify_commands", "context", "timeout_seconds",
+    "filters", "verify_commands", "clones", "context", "timeout_seconds",
 }  # fmt: skip
 
 Progress = Callable[[str, int, int], None]
@@ -122,6 +122,7 @@ def normalise_campaign(raw: Any) -> dict[str, Any]:
         "gradable_only": _flag(raw, "gradable_only"),
         "filters": _filters(raw.get("filters")),
         "verify_commands": _verify_commands(raw.get("verify_commands")),
+        "clones": _clones(raw.get("clones")),
         "timeout_seconds": _whole(
             raw, "timeout_seconds", default=settings.REPLAYS_DEFAULT_TIMEOUT_SECONDS,
             low=planning.MIN_TIMEOUT_SECONDS, high=planning.MAX_TIMEOUT_SECONDS,
@@ -218,6 +219,23 @@ def _path_or_none(raw: dict[str, Any], key: str) -> str | None:
     return value.rstrip("/") or "/"
 
 
+def _clones(raw: Any) -> dict[str, str]:
+    """{recorded folder: clone}: where the repository of threads recorded in a folder that
+    is gone (or elsewhere) is now; what prepare would ask ("Where is a clone of it?")
+    answered ahead for every thread of that folder or below it."""
+    raw = {} if raw is None else raw
+    if not isinstance(raw, dict):
+        raise CampaignInputError("clones is {recorded folder: clone}.", details={"field": "clones"})
+    clones = {}
+    for recorded, clone in raw.items():
+        if not isinstance(clone, str) or not clone.strip() or "\x00" in clone + str(recorded):
+            raise CampaignInputError(
+                f"The clone of {recorded} must be a path.", details={"field": "clones"}
+            )
+        clones[str(recorded).rstrip("/") or "/"] = clone.rstrip("/") or "/"
+    return dict(sorted(clones.items()))
+
+
 def _verify_commands(raw: Any) -> dict[str, str]:
     raw = {} if raw is None else raw
     if not isinstance(raw, dict):
@@ -302,9 +320,10 @@ def scanned_turns(owner: AbstractBaseUser, filters: dict[str, Any]) -> list[Turn
     threads = Thread.objects.filter(owner=owner)
     if filters["tool"]:
         threads = threads.filter(source_kind=filters["tool"])
-    if filters["folder"]:
-        folder = filters["folder"]
-        threads = threads.filter(cwd=folder) | threads.filter(cwd__startswith=folder + "/")
+    for key in ("folder", "repository"):
+        if filters[key]:
+            # Threads recorded in it or below it.
+            threads = threads.filter(Q(cwd=filters[key]) | Q(cwd__startswith=filters[key] + "/"))
     turns = Turn.objects.filter(thread__in=threads).select_related("thread")
     if filters["since"]:
         turns = turns.filter(timestamp__date__gte=filters["since"])
@@ -351,7 +370,7 @@ def _decide(
         candidate.reason = ExclusionReason.ROLLED_BACK
         candidate.detail = "The agent rolled this request back."
         return
-    folder = configuration["filters"]["repository"] or thread.cwd
+    folder = _located(thread.cwd, configuration["clones"])
     if not folder or not access.under_roots(folder):
         candidate.reason = ExclusionReason.OUTSIDE_ROOTS
         candidate.detail = f"{folder or '(no folder recorded)'} {access.OUTSIDE_ROOTS}."
@@ -386,6 +405,15 @@ def _decide(
         candidate.reason, candidate.detail = ExclusionReason.CANNOT_REPLAY, prep.blockers[0]
         return
     candidate.preparation = prep
+
+
+def _located(recorded: str, clones: dict[str, str]) -> str:
+    """Where a thread's recorded folder is now: its place in the clone given for it (the
+    longest recorded folder that holds it), else itself."""
+    for folder in sorted(clones, key=len, reverse=True):
+        if recorded == folder or recorded.startswith(folder.rstrip("/") + "/"):
+            return clones[folder] + recorded[len(folder.rstrip("/")) :]
+    return recorded
 
 
 EMPTY_DIFF_SHA256 = hashlib.sha256(b"").hexdigest()
@@ -441,22 +469,33 @@ def _test_commands(
     the historical agent itself last ran there (with where it came from), made runnable
     from the repository (a relative program is taken from it); or why there is none."""
     given = configuration["verify_commands"]
-    repositories = sorted({c.repository for c in found.candidates if c.eligible})
+    recorded: dict[str, set[str]] = {}
+    for candidate in found.candidates:
+        if candidate.eligible:
+            recorded.setdefault(candidate.repository, set()).add(candidate.thread.cwd)
     commands: dict[str, dict[str, Any]] = {}
-    for repository in repositories:
+    for repository in sorted(recorded):
         if repository in given:
             commands[repository] = {"command": given[repository], "origin": {"given": True}}
             continue
-        commands[repository] = _found_command(owner, repository)
+        commands[repository] = _found_command(
+            owner, repository, recorded[repository], configuration["clones"]
+        )
     return commands
 
 
-def _found_command(owner: AbstractBaseUser, repository: str) -> dict[str, Any]:
+def _found_command(
+    owner: AbstractBaseUser, repository: str, folders: set[str], clones: dict[str, str]
+) -> dict[str, Any]:
     """The test runner last run by a historical agent in `repository` (any of the user's
-    threads whose folder is in it), newest request first."""
+    threads whose folder is in it, or was recorded in one of `folders`, the folders its
+    requests were made in), newest request first."""
+    where = Q(thread__cwd=repository) | Q(thread__cwd__startswith=repository + "/")
+    for folder in folders:
+        where |= Q(thread__cwd=folder)
     turns = (
         Turn.objects.filter(thread__owner=owner)
-        .filter(Q(thread__cwd=repository) | Q(thread__cwd__startswith=repository + "/"))
+        .filter(where)
         .select_related("thread")
         .order_by("-timestamp", "-id")
     )
@@ -469,20 +508,15 @@ def _found_command(owner: AbstractBaseUser, repository: str) -> dict[str, Any]:
                 continue
             origin = {"thread_id": turn.thread_id, "turn": turn.index + 1,
                       "message_uuid": turn.message_uuid, "typed": found.typed}  # fmt: skip
+            # Where the agent typed it: its folder, where that is now.
+            typed_in = _located(turn.thread.cwd or "", clones)
+            base = Path(typed_in if typed_in.startswith(repository) else repository)
             try:
-                command = planning.verify_command_from(
-                    found.verify_command, base=Path(repository) / _subfolder(turn, repository)
-                )
+                command = planning.verify_command_from(found.verify_command, base=base)
             except planning.PlanInputError as exc:
                 return {"error": exc.message, "runner": found.runner, "origin": origin}
             return {"command": command, "runner": found.runner, "origin": origin}
     return {"error": "No test runner was found among the commands the agents ran here."}
-
-
-def _subfolder(turn: Turn, repository: str) -> str:
-    """The thread's folder inside the repository ("" at its top): where the agent typed."""
-    cwd = turn.thread.cwd or ""
-    return cwd[len(repository) :].lstrip("/") if cwd.startswith(repository + "/") else ""
 
 
 def _command_of(found: Scan, repository: str) -> str:

@@ -296,6 +296,7 @@ CAMPAIGN_ERROR_FIELDS = {
     "budget_usd": "budget_usd",
     "gradable_only": "gradable_only",
     "verify_commands": "verify_commands",
+    "clones": "clones",
     "timeout_seconds": "timeout_minutes",
     "filters.tool": "tool",
     "tool": "tool",
@@ -326,7 +327,7 @@ class CampaignForm(OffersModels, forms.Form):
         label="Repository",
         required=False,
         max_length=4096,
-        help_text="Replay every request in this clone. Default: each thread's own folder.",
+        help_text="Only threads started in this repository or below it.",
     )
     folder = forms.CharField(
         label="Folder",
@@ -403,6 +404,17 @@ class CampaignForm(OffersModels, forms.Form):
             "REPOSITORY=COMMAND",
         ),
     )
+    clones = forms.CharField(
+        label="Clones",
+        required=False,
+        max_length=40_000,
+        widget=forms.Textarea(attrs={"rows": 2}),
+        help_text=format_html(
+            "One <code>{}</code> per line: where the repository of threads started in a "
+            "folder that is gone (or elsewhere) is now.",
+            "RECORDED_FOLDER=CLONE",
+        ),
+    )
     timeout_minutes = forms.IntegerField(
         label="Timeout",
         min_value=1,
@@ -420,7 +432,7 @@ class CampaignForm(OffersModels, forms.Form):
     ):
         super().__init__(*args, **kwargs)
         self.offer(model_infos, evaluator_infos)
-        for name in ("repository", "folder", "verify_commands"):
+        for name in ("repository", "folder", "verify_commands", "clones"):
             self.fields[name].widget.attrs.update(autocomplete="off", spellcheck="false")
         self.fields["repository"].widget.attrs["placeholder"] = "/path/to/clone"
         self.fields["folder"].widget.attrs["placeholder"] = "/path/to/projects"
@@ -454,6 +466,9 @@ class CampaignForm(OffersModels, forms.Form):
                 f"{repository}={command}"
                 for repository, command in (configuration.get("verify_commands") or {}).items()
             ),
+            "clones": "\n".join(
+                f"{folder}={clone}" for folder, clone in (configuration.get("clones") or {}).items()
+            ),
             "timeout_minutes": max(1, round(timeout / 60)),
             # One mode for every model is what the form offers; a mix is shown as default.
             "context": next(iter(set(modes.values())))
@@ -463,25 +478,11 @@ class CampaignForm(OffersModels, forms.Form):
 
     def clean_verify_commands(self) -> dict[str, str]:
         """REPOSITORY=COMMAND lines as {repository: command}; blank lines are skipped."""
-        commands: dict[str, str] = {}
-        for number, line in enumerate(self.cleaned_data["verify_commands"].splitlines(), 1):
-            if not line.strip():
-                continue
-            repository, equals, command = line.partition("=")
-            if not equals or not repository.strip() or not command.strip():
-                raise forms.ValidationError(
-                    "Line %(number)s is not REPOSITORY=COMMAND: %(line)s",
-                    code="invalid",
-                    params={"number": number, "line": Truncator(line.strip()).chars(80)},
-                )
-            if repository.strip() in commands:
-                raise forms.ValidationError(
-                    "%(repository)s has two test commands.",
-                    code="invalid",
-                    params={"repository": repository.strip()},
-                )
-            commands[repository.strip()] = command.strip()
-        return commands
+        return _pairs(self.cleaned_data["verify_commands"], "REPOSITORY=COMMAND", "test commands")
+
+    def clean_clones(self) -> dict[str, str]:
+        """RECORDED_FOLDER=CLONE lines as {recorded folder: clone}."""
+        return _pairs(self.cleaned_data["clones"], "RECORDED_FOLDER=CLONE", "clones")
 
     def configuration(self) -> dict[str, Any]:
         """The raw configuration for campaigns.prepare_campaign and preview (after is_valid())."""
@@ -505,6 +506,7 @@ class CampaignForm(OffersModels, forms.Form):
                 "last": data["scan_last"],
             },
             "verify_commands": data["verify_commands"],
+            "clones": data["clones"],
             "timeout_seconds": data["timeout_minutes"] * 60,
             "context": data["context"] or None,
         }
@@ -513,3 +515,30 @@ class CampaignForm(OffersModels, forms.Form):
         """A refusal from prepare, shown at the field it is about when it names one."""
         name = CAMPAIGN_ERROR_FIELDS.get(field or "")
         self.add_error(name if name in self.fields else None, message)
+
+
+def _pairs(text: str, shape: str, what: str) -> dict[str, str]:
+    """KEY=VALUE lines as {key: value}; blank lines are skipped, a key given twice refused."""
+    pairs: dict[str, str] = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        key, equals, value = line.partition("=")
+        if not equals or not key.strip() or not value.strip():
+            raise forms.ValidationError(
+                "Line %(number)s is not %(shape)s: %(line)s",
+                code="invalid",
+                params={
+                    "number": number,
+                    "shape": shape,
+                    "line": Truncator(line.strip()).chars(80),
+                },
+            )
+        if key.strip() in pairs:
+            raise forms.ValidationError(
+                "%(key)s is given twice in the %(what)s.",
+                code="invalid",
+                params={"key": key.strip(), "what": what},
+            )
+        pairs[key.strip()] = value.strip()
+    return pairs

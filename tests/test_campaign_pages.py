@@ -59,6 +59,7 @@ def form_data(**changes: Any) -> dict[str, Any]:
         "evaluator": "tests",
         "budget_usd": "5",
         "verify_commands": "",
+        "clones": "",
         "timeout_minutes": "30",
         "context": "",
     }
@@ -100,7 +101,8 @@ def test_the_form_offers_filters_selection_models_evaluator_and_budget(alice: Cl
     assert response.status_code == 200
     html = response.content.decode()
     for name in ("tool", "repository", "folder", "since", "until", "scan_last", "selection",
-                 "limit", "seed", "evaluator", "budget_usd", "gradable_only", "verify_commands"):  # fmt: skip
+                 "limit", "seed", "evaluator", "budget_usd", "gradable_only", "verify_commands",
+                 "clones"):  # fmt: skip
         assert f'name="{name}"' in html, name
     # The models as the replay form offers them, baselines included.
     assert 'value="historical"' in html and 'value="empty"' in html
@@ -118,10 +120,12 @@ def test_the_preview_counts_the_users_own_history_and_stores_nothing(
     response = alice.get(PREVIEW, form_data(), HTTP_HX_REQUEST="true")
     assert response.status_code == 200
     html = response.content.decode()
-    # calc: 3 changes and a question; notes: 1 change; gone: no repository.
+    # calc: 3 changes and a question; notes: 1 change but no test command for `tests` to
+    # judge it by; gone: no repository.
     assert 'data-count="scanned">6<' in html
-    assert 'data-count="eligible">4<' in html
-    assert 'data-count="would_select">4<' in html
+    assert 'data-count="eligible">3<' in html
+    assert 'data-count="would_select">3<' in html
+    assert f'data-reason="{ExclusionReason.NOT_GRADABLE}"' in html
     assert f'data-reason="{ExclusionReason.NO_CODE_CHANGE}"' in html
     assert f'data-reason="{ExclusionReason.REPOSITORY_MISSING}"' in html
     assert "<html" not in html  # a fragment

@@ -157,7 +157,7 @@ def history_start() -> Any:
 def test_filters_narrow_the_scan(history: History, user: User) -> None:
     client = client_for(user)
     only_calc = prepare(client, filters={"repository": str(history.calc)}).json()
-    assert only_calc["counts"]["scanned"] == 6  # the repository filter resolves, not scans
+    assert only_calc["counts"]["scanned"] == 4  # the calc thread's requests
     in_folder = prepare(client, filters={"folder": str(history.notes)}).json()
     assert [c["request"] for c in in_folder["candidates"]] == ["Add a todo list to README.md."]
     newest_two = prepare(client, filters={"last": 2}).json()
@@ -489,3 +489,21 @@ def test_the_preview_counts_what_prepare_would_select_and_stores_nothing(
     assert not Campaign.objects.exists()
     prepared = prepare(client_for(user), limit=10).json()
     assert prepared["counts"]["selected"] == counts["would_select"]
+
+
+def test_a_clone_given_for_a_folder_that_is_gone_makes_its_requests_eligible(
+    history: History, user: User, tmp_path: Path
+) -> None:
+    """The calc repository moved: its recorded folder is gone; given where the clone is now,
+    its requests are found again, with the test command its agent ran there."""
+    moved = tmp_path / "elsewhere" / "calc"
+    moved.parent.mkdir()
+    history.calc.rename(moved)
+    gone = prepare(client_for(user)).json()
+    assert by_request(gone)["Add a neg function to calc/ops.py with a test."]["reason"] == (
+        "repository_missing"
+    )
+    found = prepare(client_for(user), clones={str(history.calc): str(moved)}).json()
+    neg = by_request(found)["Add a neg function to calc/ops.py with a test."]
+    assert (neg["eligible"], neg["repository"], neg["selected"]) == (True, str(moved), True)
+    assert found["test_commands"][str(moved)]["runner"] == "pytest"

@@ -28,8 +28,12 @@ from replays.models import Campaign, CampaignStatus, ExclusionReason, RunStatus
 
 class FiltersSerializer(serializers.Serializer):
     tool = serializers.CharField(allow_null=True, required=False)
-    repository = serializers.CharField(allow_null=True, required=False)
-    folder = serializers.CharField(allow_null=True, required=False)
+    repository = serializers.CharField(
+        allow_null=True, required=False, help_text="Only threads recorded in it or below it."
+    )
+    folder = serializers.CharField(
+        allow_null=True, required=False, help_text="Only threads recorded in it or below it."
+    )
     since = serializers.DateField(allow_null=True, required=False)
     until = serializers.DateField(allow_null=True, required=False)
     last = serializers.IntegerField(
@@ -64,6 +68,11 @@ class CampaignInputSerializer(serializers.Serializer):
     verify_commands = serializers.DictField(
         child=serializers.CharField(), required=False,
         help_text="{repository: test command}; otherwise the one the historical agent ran.",
+    )  # fmt: skip
+    clones = serializers.DictField(
+        child=serializers.CharField(), required=False,
+        help_text="{recorded folder: clone}: where the repository of threads recorded in a "
+        "folder that is gone or elsewhere is now (for that folder and below it).",
     )  # fmt: skip
     context = serializers.JSONField(required=False, help_text="Context per model, as for plans.")
     timeout_seconds = serializers.IntegerField(required=False)

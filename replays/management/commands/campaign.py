@@ -50,13 +50,18 @@ class Command(ReplaysCommand):
             help="The test command of a repository (repeat); otherwise the one its historical "
             "agent ran. A relative program is taken from the repository.",
         )  # fmt: skip
+        parser.add_argument(
+            "--clone", action="append", dest="clones", default=[], metavar="FOLDER=CLONE",
+            help="Where the repository of threads recorded in FOLDER (gone or elsewhere) is "
+            "now (repeat).",
+        )  # fmt: skip
         parser.add_argument("--budget", metavar="USD", help="Dollars the campaign may spend.")
         parser.add_argument(
             "--gradable-only", action="store_true",
             help="Only requests whose historical tests see their change (runs their tests now).",
         )  # fmt: skip
         parser.add_argument("--tool", help="Only threads of this tool (claude_code, codex, ...).")
-        parser.add_argument("--repository", help="Only threads whose folder is in this repository.")
+        parser.add_argument("--repository", help="Only threads recorded in this repository.")
         parser.add_argument("--folder", help="Only threads whose folder is this one or inside it.")
         parser.add_argument("--since", help="Only requests on or after this day (YYYY-MM-DD).")
         parser.add_argument("--until", help="Only requests on or before this day (YYYY-MM-DD).")
@@ -172,6 +177,15 @@ class Command(ReplaysCommand):
             commands[str(Path(repository).expanduser().resolve())] = command
         if commands:
             configuration["verify_commands"] = commands
+        clones = {}
+        for given in options["clones"]:
+            folder, separator, clone = given.partition("=")
+            if not separator or not folder or not clone:
+                raise CommandError(f"--clone takes FOLDER=CLONE, not {given!r}.")
+            # The recorded folder as recorded (it may not exist here); the clone from here.
+            clones[folder] = str(Path(clone).expanduser().resolve())
+        if clones:
+            configuration["clones"] = clones
         return configuration
 
     def confirm(self, prompt: str) -> bool:
