@@ -14,7 +14,7 @@ from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 
-from replays import budgets, campaigns, supervision
+from replays import budgets, campaigns, planning, supervision
 from replays.errors import ServiceError
 from replays.evaluation import campaign_results
 from replays.formatting import duration, usd
@@ -48,7 +48,7 @@ class Command(ReplaysCommand):
             "--verify-command", action="append", dest="verify_commands", default=[],
             metavar="REPO=COMMAND",
             help="The test command of a repository (repeat); otherwise the one its historical "
-            "agent ran. A relative program is taken from the repository.",
+            "agent ran. A relative program is taken from where you type it.",
         )  # fmt: skip
         parser.add_argument(
             "--clone", action="append", dest="clones", default=[], metavar="FOLDER=CLONE",
@@ -174,7 +174,10 @@ class Command(ReplaysCommand):
             repository, separator, command = given.partition("=")
             if not separator or not repository or not command.strip():
                 raise CommandError(f"--verify-command takes REPO=COMMAND, not {given!r}.")
-            commands[str(Path(repository).expanduser().resolve())] = command
+            # A relative program is where the user typed it, as for `replay`.
+            commands[str(Path(repository).expanduser().resolve())] = (
+                planning.verify_command_from(command, base=Path.cwd())
+            )
         if commands:
             configuration["verify_commands"] = commands
         clones = {}
