@@ -1,15 +1,20 @@
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
+from django.urls import reverse
+from django.utils.html import format_html
 
 from replays import accounts, hosts
 from replays.models import (
     ApiToken,
     Batch,
+    Campaign,
+    CampaignRequest,
     Host,
     LaunchError,
     Plan,
@@ -320,3 +325,100 @@ class ApiTokenAdmin(admin.ModelAdmin):
             f"The new token of {obj.user}: {key} (send it as 'Authorization: Token <key>'). "
             "Copy it now: only its sha256 is kept, it is not shown again.",
         )
+
+
+@admin.register(Campaign)
+class CampaignAdmin(ProtocolReadOnlyAdmin):
+    """Campaigns change only through replays.campaigns (prepare, approve, cancel) and their
+    results only through replays.evaluation.campaign_results: read-only here."""
+
+    list_display = (
+        "id",
+        "owner",
+        "status",
+        "scanned",
+        "eligible",
+        "selected",
+        "budget",
+        "created_at",
+        "approved_at",
+    )
+    list_filter = ("status", "created_at")
+    search_fields = ("owner__username", "fingerprint", "approval_prompt")
+    list_select_related = ("owner",)
+    date_hierarchy = "created_at"
+    exclude = ("results",)
+
+    def get_readonly_fields(self, request: HttpRequest, obj: object = None) -> list[str]:
+        # The results as indented JSON (the raw field is hidden), and a way to the rows.
+        fields = [name for name in super().get_readonly_fields(request, obj) if name != "results"]
+        return [*fields, "requests_link", "batches_link", "page_link", "results_json"]
+
+    @admin.display(description="Scanned")
+    def scanned(self, campaign: Campaign) -> int:
+        return int((campaign.counts or {}).get("scanned", 0))
+
+    @admin.display(description="Eligible")
+    def eligible(self, campaign: Campaign) -> int:
+        return int((campaign.counts or {}).get("eligible", 0))
+
+    @admin.display(description="Selected")
+    def selected(self, campaign: Campaign) -> int:
+        return int((campaign.counts or {}).get("selected", 0))
+
+    @admin.display(description="Budget", ordering="budget_usd")
+    def budget(self, campaign: Campaign) -> str:
+        return "none" if campaign.budget_usd is None else f"${campaign.budget_usd}"
+
+    @admin.display(description="Scanned requests")
+    def requests_link(self, campaign: Campaign) -> str:
+        url = reverse("admin:replays_campaignrequest_changelist")
+        return format_html(
+            '<a href="{}?campaign={}">{} request(s), {} selected</a>',
+            url, campaign.pk, self.scanned(campaign), self.selected(campaign),
+        )  # fmt: skip
+
+    @admin.display(description="Batches")
+    def batches_link(self, campaign: Campaign) -> str:
+        url = reverse("admin:replays_batch_changelist")
+        return format_html(
+            '<a href="{}?campaign={}">One batch per selected request</a>',
+            url, campaign.pk,
+        )  # fmt: skip
+
+    @admin.display(description="Page")
+    def page_link(self, campaign: Campaign) -> str:
+        return format_html(
+            '<a href="{}">Campaign {} on the site</a>', campaign.get_absolute_url(), campaign.pk
+        )
+
+    @admin.display(description="Results")
+    def results_json(self, campaign: Campaign) -> str:
+        text = json.dumps(campaign.results or {}, indent=2, ensure_ascii=False)
+        return format_html('<pre style="white-space: pre-wrap">{}</pre>', text)
+
+
+@admin.register(CampaignRequest)
+class CampaignRequestAdmin(ProtocolReadOnlyAdmin):
+    """What a campaign's scan decided about each request (written by prepare only)."""
+
+    list_display = (
+        "id",
+        "campaign",
+        "position",
+        "thread",
+        "turn_number",
+        "eligible",
+        "reason",
+        "gradable",
+        "selected",
+        "repository",
+    )
+    list_filter = ("reason", "eligible", "selected", "gradable")
+    search_fields = ("repository", "detail", "thread__title", "turn__message_uuid")
+    list_select_related = ("campaign", "thread", "turn")
+    ordering = ("campaign", "position")
+
+    @admin.display(description="Request", ordering="turn__index")
+    def turn_number(self, request: CampaignRequest) -> str:
+        return f"#{request.turn.index + 1}"

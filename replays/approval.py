@@ -9,6 +9,7 @@ from __future__ import annotations
 import hmac
 import re
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
@@ -17,7 +18,7 @@ from django.utils import timezone
 
 from replays import context, planning, wakeups
 from replays.errors import ErrorKind, ServiceError
-from replays.models import Batch, LaunchError, Plan, PlanStatus, Run, Thread
+from replays.models import Batch, Campaign, LaunchError, Plan, PlanStatus, Run, Thread
 from replays.runspec import RunSpec
 
 CONFIGURATION_CHANGED = "The approved configuration changed. Prepare and approve it again."
@@ -255,46 +256,59 @@ def run_spec(
 def _create_batch(
     plan: Plan, current: dict[int, tuple[Thread, planning.ThreadPreparation]]
 ) -> ApprovalResult:
-    configuration = plan.configuration
     try:
-        with transaction.atomic():
-            batch = Batch.objects.create(
-                plan=plan,
-                owner=plan.owner,
-                models_list=configuration["models"],
-                configuration=configuration,
-                thread_count=len(configuration["configurations"]),
-                evaluator=plan.evaluator,
-                approved_at=timezone.now(),
-            )
-            runs = []
-            for item, prepared in zip(
-                configuration["configurations"], plan.preparations, strict=True
-            ):
-                thread, resolved = current[item["thread_id"]]
-                for model in configuration["models"]:
-                    spec = run_spec(
-                        plan, prepared, item, model, thread, resolved, batch_id=batch.pk
-                    )
-                    runs.append(
-                        Run(
-                            batch=batch,
-                            thread=thread,
-                            model=model,
-                            configuration=spec.as_json(),
-                            **configuration_columns(spec),
-                        )
-                    )
-            # Membership is durable before anything starts: every run exists when the batch does.
-            Run.objects.bulk_create(runs)
-            wakeups.request_dispatch()
+        batch = create_batch(plan, current)
     except IntegrityError:
         # Another approval of the same plan won the race: hand back its batch.
-        batch = Batch.objects.filter(plan=plan).first()
-        if batch is None:
+        found = Batch.objects.filter(plan=plan).first()
+        if found is None:
             raise
-        return _result(batch, idempotent=True)
+        return _result(found, idempotent=True)
     return _result(batch, idempotent=False)
+
+
+def create_batch(
+    plan: Plan,
+    current: dict[int, tuple[Thread, planning.ThreadPreparation]],
+    *,
+    campaign: Campaign | None = None,
+    estimates: dict[str, Decimal | None] | None = None,
+    ask_for_dispatch: bool = True,
+) -> Batch:
+    """The plan's batch and every run (queued), in one transaction: membership is durable
+    before anything starts. A campaign's member carries each model's cost estimate (what
+    its budget counts while it runs). IntegrityError when the plan has its batch already."""
+    configuration = plan.configuration
+    with transaction.atomic():
+        batch = Batch.objects.create(
+            plan=plan,
+            owner=plan.owner,
+            models_list=configuration["models"],
+            configuration=configuration,
+            thread_count=len(configuration["configurations"]),
+            evaluator=plan.evaluator,
+            approved_at=timezone.now(),
+            campaign=campaign,
+        )
+        runs = []
+        for item, prepared in zip(configuration["configurations"], plan.preparations, strict=True):
+            thread, resolved = current[item["thread_id"]]
+            for model in configuration["models"]:
+                spec = run_spec(plan, prepared, item, model, thread, resolved, batch_id=batch.pk)
+                runs.append(
+                    Run(
+                        batch=batch,
+                        thread=thread,
+                        model=model,
+                        configuration=spec.as_json(),
+                        estimated_cost_usd=(estimates or {}).get(model),
+                        **configuration_columns(spec),
+                    )
+                )
+        Run.objects.bulk_create(runs)
+        if ask_for_dispatch:
+            wakeups.request_dispatch()
+    return batch
 
 
 def _result(batch: Batch, *, idempotent: bool) -> ApprovalResult:

@@ -26,7 +26,7 @@ from django.db.models import Count, F, QuerySet, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from replays import processes, repos, runfolder, runlogs, wakeups
+from replays import budgets, processes, repos, runfolder, runlogs, wakeups
 from replays.agents.base import read_tail
 from replays.models import (
     Batch,
@@ -95,13 +95,30 @@ def _free_slots(host: str) -> int:
 
 
 def waits_beside_free_slot(host: str | None = None) -> bool:
-    """A queued run waits while `host` has a free slot: a dispatch there would claim it."""
+    """A queued run waits while `host` has a free slot: a dispatch there would claim it
+    (or end it, its campaign's budget spent). One its campaign's budget holds back until
+    a member in flight ends does not count: no dispatch would take it now."""
     host = host or settings.REPLAYS_HOST_NAME
-    return _queued_in_order().exists() and _free_slots(host) > 0
+    if _free_slots(host) <= 0:
+        return False
+    ledger = budgets.Ledger()
+    for _, campaign_id, estimate in _queued_in_order().values_list(
+        "pk", "batch__campaign_id", "estimated_cost_usd"
+    )[:WATCHED_QUEUE]:
+        admission = ledger.admit(campaign_id, estimate)
+        if admission.admit or admission.exhausted:
+            return True
+    return False
+
+
+# The watchdog looks at this many of the oldest queued runs.
+WATCHED_QUEUE = 200
 
 
 def claim_queued_runs(*, host: str | None = None, limit: int | None = None) -> list[Run]:
-    """Move queued runs to launching, oldest first, up to the free capacity (and `limit`)."""
+    """Move queued runs to launching, oldest first, up to the free capacity (and `limit`)
+    and within their campaigns' budgets (replays.budgets): a member its budget holds back
+    waits, one it never will admit ends budget_exhausted."""
     host = host or settings.REPLAYS_HOST_NAME
     launcher = launcher_identity(host)
     claimed: list[int] = []
@@ -111,16 +128,24 @@ def claim_queued_runs(*, host: str | None = None, limit: int | None = None) -> l
         if limit is not None:
             wanted = min(wanted, limit)
         tried: set[int] = set()
+        ledger = budgets.Ledger()
         while len(claimed) < wanted:
             candidates = list(
                 _queued_in_order()
                 .exclude(pk__in=tried)
-                .values_list("pk", flat=True)[: wanted - len(claimed)]
+                .values_list("pk", "batch__campaign_id", "estimated_cost_usd")[
+                    : wanted - len(claimed)
+                ]
             )
             if not candidates:
                 break
-            for run_id in candidates:
+            for run_id, campaign_id, estimate in candidates:
                 tried.add(run_id)
+                admission = ledger.admit(campaign_id, estimate)
+                if admission.exhausted:
+                    _end_out_of_budget(run_id)
+                if not admission.admit:
+                    continue
                 # A run cancelled in between is not claimed: the row count says so.
                 won = Run.objects.filter(
                     pk=run_id, status=RunStatus.QUEUED, cancel_requested_at__isnull=True
@@ -129,22 +154,27 @@ def claim_queued_runs(*, host: str | None = None, limit: int | None = None) -> l
                     host=host,
                     launcher=launcher,
                     claimed_at=timezone.now(),
+                    cost_cap_usd=admission.cap,
                 )
                 if won == 1:
                     claimed.append(run_id)
+                    ledger.claimed(campaign_id, estimate)
     return list(Run.objects.filter(pk__in=claimed).order_by("created_at", "id"))
 
 
-
-
-
-
-
-
-
-
-
-
+def _end_out_of_budget(run_id: int) -> None:
+    """queued -> failed budget_exhausted: its campaign's money left does not cover its
+    estimate and nothing else of it is in flight to free any."""
+    Run.objects.filter(pk=run_id, status=RunStatus.QUEUED).update(
+        status=RunStatus.FAILED,
+        failure_code=FailureCode.BUDGET_EXHAUSTED,
+        failure_message=(
+            "Not started: the campaign's budget left did not cover what this run was "
+            "estimated to cost."
+        ),
+        finished_at=timezone.now(),
+        phase=RunPhase.DONE,
+    )
 
 
 def fail_launch(
@@ -168,12 +198,6 @@ def fail_launch(
         except IntegrityError:
             pass  # Already recorded: a member fails to launch once.
     return True
-
-
-
-
-
-
 
 
 def capacity_snapshot() -> dict[str, Any]:

@@ -407,8 +407,7 @@ def _check_sandbox(checks: list[Check], here: str) -> None:
             "sandbox",
             here,
             OK,
-            f"bubblewrap ({settings.REPLAYS_SANDBOX_BWRAP}) sandboxes every process a run "
-            "starts.",
+            f"bubblewrap ({settings.REPLAYS_SANDBOX_BWRAP}) sandboxes every process a run starts.",
         )
     )
 

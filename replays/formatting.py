@@ -102,3 +102,19 @@ def short_path(value: object) -> str:
     if not value:
         return ""
     return _HOME_PREFIX.sub("~", str(value), count=1)
+
+
+# A spreadsheet runs a cell that starts with one of these as a formula; thread titles
+# come from transcripts, so such text gets a leading apostrophe (OWASP's advice).
+_FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_cell(value: object) -> str:
+    """One value as a CSV cell: empty for null, true/false like JSON, text defused."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return f"'{value}" if value.startswith(_FORMULA_STARTS) else value
+    return str(value)

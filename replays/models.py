@@ -335,6 +335,170 @@ class Plan(models.Model):
         return timezone.now() >= self.expires_at
 
 
+class CampaignStatus(models.TextChoices):
+    READY_FOR_APPROVAL = "ready_for_approval", "Ready for approval"
+    BLOCKED = "blocked", "Blocked"
+    RUNNING = "running", "Running"
+    FINISHED = "finished", "Finished"
+    CANCELLED = "cancelled", "Cancelled"
+
+
+class Campaign(models.Model):
+    """A user's own history as their benchmark: the requests a scan found replayable, a
+    selection of them, models, one evaluator, a budget; approved once as a whole, then one
+    plan and batch per selected request (replays.campaigns)."""
+
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="campaigns"
+    )
+    # The normalised input (models, evaluator, filters, selection, budget, commands...).
+    configuration = models.JSONField()
+    # sha256 of what is approved: the configuration and the selection with its inputs.
+    fingerprint = models.CharField(max_length=SHA256_LENGTH)
+    status = models.CharField(max_length=30, choices=CampaignStatus.choices)
+    evaluator = models.CharField(max_length=MODEL_ID_LENGTH, blank=True)
+    # Dollars the campaign may spend (null: no budget).
+    budget_usd = models.DecimalField(
+        max_digits=USD_MAX_DIGITS, decimal_places=USD_DECIMAL_PLACES, null=True, blank=True
+    )
+    # Requests scanned, eligible, gradable, excluded by reason.
+    counts = models.JSONField(default=dict, blank=True)
+    # Per model and in total: cost (null: unknown price) and seconds; the time at capacity.
+    estimate = models.JSONField(default=dict, blank=True)
+    # Per repository: the test command and where it came from.
+    test_commands = models.JSONField(default=dict, blank=True)
+    blockers = models.JSONField(default=list, blank=True)
+    warnings = models.JSONField(default=list, blank=True)
+    approval_prompt = models.CharField(max_length=500, blank=True)
+    token_hash = models.CharField(max_length=SHA256_LENGTH)
+    created_at = models.DateTimeField(default=timezone.now)
+    expires_at = models.DateTimeField()
+    approved_at = models.DateTimeField(null=True, blank=True)
+    # The results, kept up to date as its runs end and are judged (never computed per view).
+    results = models.JSONField(default=dict, blank=True)
+    results_updated_at = models.DateTimeField(null=True, blank=True)
+
+    objects = OwnedQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [
+            models.UniqueConstraint(fields=["token_hash"], name="campaign_unique_token_hash"),
+            _choices_check("status", CampaignStatus, "campaign_status_valid"),
+            models.CheckConstraint(
+                condition=Q(expires_at__gt=F("created_at")),
+                name="campaign_expires_after_creation",
+            ),
+            models.CheckConstraint(
+                condition=Q(budget_usd__isnull=True) | Q(budget_usd__gt=0),
+                name="campaign_budget_positive",
+            ),
+            # Approved exactly when it runs or ran.
+            models.CheckConstraint(
+                condition=Q(approved_at__isnull=True)
+                | Q(status__in=["running", "finished", "cancelled"]),
+                name="campaign_approved_runs",
+            ),
+        ]
+        indexes = [
+            models.Index(fields=["owner", "-created_at"], name="campaign_owner_created_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"Campaign {self.pk} ({self.get_status_display()})"
+
+    def get_absolute_url(self) -> str:
+        return reverse("replays:campaign-detail", args=[self.pk])
+
+    @property
+    def is_expired(self) -> bool:
+        return timezone.now() >= self.expires_at
+
+
+class ExclusionReason(models.TextChoices):
+    """Why a scanned request is not replayed (docs/campaigns.md)."""
+
+    NONE = "", "Eligible"
+    REPOSITORY_MISSING = "repository_missing", "Repository missing"
+    OUTSIDE_ROOTS = "outside_roots", "Repository outside the roots"
+    NO_CODE_CHANGE = "no_code_change", "No code change"
+    NEEDS_PERSON = "needs_person", "Needs a person's answer"
+    ROLLED_BACK = "rolled_back", "Rolled back"
+    CANNOT_REPLAY = "cannot_replay", "Cannot be replayed with a chosen model"
+    BLOCKED = "blocked", "Prepare would block it"
+    NOT_GRADABLE = "not_gradable", "Not gradable"
+
+
+class CampaignRequest(models.Model):
+    """One request a campaign scanned: eligible or excluded (with one reason), gradable
+    or not (null: not known), selected or not; once approved, its plan and batch."""
+
+    campaign = models.ForeignKey(Campaign, on_delete=models.CASCADE, related_name="requests")
+    thread = models.ForeignKey("Thread", on_delete=models.CASCADE, related_name="+")
+    # The request as scanned. Importing a thread again replaces its turns: the row keeps
+    # what it needs of its turn (null then), and the approval sees the transcript changed.
+    turn = models.ForeignKey(
+        "Turn", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    message_uuid = models.CharField(max_length=200)
+    request = models.TextField()
+    timestamp = models.DateTimeField()
+    # What history spent on it: its cost (null: unknown price), seconds and tokens.
+    history_cost_usd = models.DecimalField(
+        max_digits=USD_MAX_DIGITS, decimal_places=USD_DECIMAL_PLACES, null=True, blank=True
+    )
+    history_seconds = models.FloatField(null=True, blank=True)
+    history_usage = models.JSONField(default=dict, blank=True)
+    # Newest first, as scanned: the selection's order.
+    position = models.PositiveIntegerField()
+    eligible = models.BooleanField()
+    reason = models.CharField(
+        max_length=30, choices=ExclusionReason.choices, blank=True, default=""
+    )
+    detail = models.TextField(blank=True)
+    gradable = models.BooleanField(null=True, blank=True)
+    gradable_detail = models.TextField(blank=True)
+    selected = models.BooleanField(default=False)
+    repository = models.CharField(max_length=4096, blank=True)
+    verify_command = models.TextField(blank=True)
+    # What prepare resolved (planning.ThreadPreparation.as_dict) for an eligible request.
+    preparation = models.JSONField(default=dict, blank=True)
+    plan = models.ForeignKey(
+        Plan, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+
+    class Meta:
+        ordering = ["campaign", "position"]
+        constraints = [
+            # A request is scanned once per campaign.
+            models.UniqueConstraint(
+                fields=["campaign", "thread", "message_uuid"], name="campaign_request_once"
+            ),
+            _choices_check("reason", ExclusionReason, "campaign_request_reason_valid"),
+            # Eligible exactly when no reason excludes it.
+            models.CheckConstraint(
+                condition=(Q(eligible=True) & Q(reason="")) | (Q(eligible=False) & ~Q(reason="")),
+                name="campaign_request_eligible_xor_reason",
+            ),
+            # Only an eligible request is selected.
+            models.CheckConstraint(
+                condition=Q(selected=False) | Q(eligible=True),
+                name="campaign_request_selected_is_eligible",
+            ),
+        ]
+        indexes = [
+            # The campaign's selection, in order.
+            models.Index(
+                fields=["campaign", "position"],
+                condition=Q(selected=True),
+                name="campaign_request_selected_idx",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"Campaign {self.campaign_id}: thread {self.thread_id} request {self.message_uuid}"
+
+
 class Batch(models.Model):
     """An approved plan. Its runs are created in the same transaction."""
 
@@ -345,6 +509,10 @@ class Batch(models.Model):
     models_list = models.JSONField(default=list)
     configuration = models.JSONField(default=dict)
     thread_count = models.PositiveIntegerField()
+    # The campaign this batch is one request of (null: a replay prepared on its own).
+    campaign = models.ForeignKey(
+        Campaign, null=True, blank=True, on_delete=models.PROTECT, related_name="batches"
+    )
     # A batch has one evaluator: every run is judged by it.
     evaluator = models.CharField(max_length=MODEL_ID_LENGTH, blank=True)
     approved_at = models.DateTimeField(default=timezone.now)
@@ -422,6 +590,9 @@ class FailureCode(models.TextChoices):
     # program missing, the network unreachable (replays.agents.problems).
     SETUP = "setup", "Setup problem"
     INFRASTRUCTURE = "infrastructure", "Infrastructure"
+    # A campaign's member that could not start (or was stopped at its cost cap) because
+    # the money left did not cover it: ours, never counted against a model.
+    BUDGET_EXHAUSTED = "budget_exhausted", "Budget exhausted"
     LAUNCH_FAILED = "launch_failed", "Launch failed"
     COORDINATOR_LOST = "coordinator_lost", "Coordinator lost"
 
@@ -439,6 +610,7 @@ FAILURE_OWNERS = {
     FailureCode.TIMEOUT: FailureOwner.MODEL,
     FailureCode.SETUP: FailureOwner.SETUP,
     FailureCode.INFRASTRUCTURE: FailureOwner.OURS,
+    FailureCode.BUDGET_EXHAUSTED: FailureOwner.OURS,
     FailureCode.LAUNCH_FAILED: FailureOwner.OURS,
     FailureCode.COORDINATOR_LOST: FailureOwner.OURS,
 }
@@ -481,6 +653,15 @@ class Run(TokenTotals):
     wall_seconds = models.FloatField(null=True, blank=True)
     model_seconds = models.FloatField(null=True, blank=True)
     exit_code = models.IntegerField(null=True, blank=True)
+    # A campaign's member: what it is expected to cost (its request's historical tokens at
+    # the model's prices), counted against the budget while it is in flight; and the most
+    # it may spend, set when it is claimed (the budget left), at which its agent is stopped.
+    estimated_cost_usd = models.DecimalField(
+        max_digits=USD_MAX_DIGITS, decimal_places=USD_DECIMAL_PLACES, null=True, blank=True
+    )
+    cost_cap_usd = models.DecimalField(
+        max_digits=USD_MAX_DIGITS, decimal_places=USD_DECIMAL_PLACES, null=True, blank=True
+    )
     failure_code = models.CharField(
         max_length=30, choices=FailureCode.choices, blank=True, default=""
     )

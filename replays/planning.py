@@ -7,6 +7,7 @@ Git and file reads happen before any transaction; the Plan is written at the end
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -146,6 +147,17 @@ class ThreadPreparation:
     def request_sha256(self) -> str:
         """The text that will run: approval refuses it changed (a turn edited meanwhile)."""
         return hashlib.sha256(self.request.encode("utf-8", errors="surrogatepass")).hexdigest()
+
+    def stored(self) -> dict[str, Any]:
+        """as_dict() and the texts a batch is made from (a campaign keeps it for approval)."""
+        return {**self.as_dict(), "request": self.request, "requests": self.requests,
+                "digest": self.digest}  # fmt: skip
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ThreadPreparation:
+        """The preparation stored() kept."""
+        names = {item.name for item in dataclasses.fields(cls)}
+        return cls(**{key: value for key, value in data.items() if key in names})
 
     def as_dict(self) -> dict[str, Any]:
         return {

@@ -21,6 +21,7 @@ fallback should never be needed for diffs made here.
 
 from __future__ import annotations
 
+import contextvars
 import fcntl
 import hashlib
 import math
@@ -33,8 +34,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
-from replays import processes
+from replays import commitgraph, processes
 
 # Most commands read little; diffs, checkouts and `add -A` can be slow on big trees.
 GIT_TIMEOUT_SECONDS = 60
@@ -147,6 +149,52 @@ def _environment(extra: dict[str, str] | None = None, *, untrusted: bool = False
     return env
 
 
+# Within memoized_reads(): git's answers to read-only commands, by everything they depend
+# on (a scan of a whole history asks the same questions of one repository many times).
+_READS: contextvars.ContextVar[dict[Any, Any] | None] = contextvars.ContextVar(
+    "replays_git_reads", default=None
+)
+_READ_ONLY = frozenset(
+    {"rev-parse", "rev-list", "log", "cat-file", "diff", "show", "ls-tree", "for-each-ref",
+     "merge-base", "branch", "name-rev", "describe"}
+)  # fmt: skip
+
+
+@contextmanager
+def memoized_reads() -> Iterator[None]:
+    """Remember git's answers to read-only commands until the block ends: for work that
+    reads many requests of the same repositories at one moment (a campaign's scan), where
+    the repositories are taken as they are at that moment."""
+    reads: dict[Any, Any] = {}
+    token = _READS.set(reads)
+    try:
+        yield
+    finally:
+        _READS.reset(token)
+        for key, value in reads.items():
+            if key[0] == _CAT_FILE and value is not None:
+                value.close()
+
+
+_GRAPH = "graph"
+_CAT_FILE = "cat-file"
+
+
+def _graph(repo: Path) -> commitgraph.Graph | None:
+    """The repository's commits in memory, read once inside memoized_reads(); None outside
+    it (or when git cannot list them: each question then goes to git)."""
+    reads = _READS.get()
+    if reads is None:
+        return None
+    key = (_GRAPH, str(repo))
+    if key not in reads:
+        try:
+            reads[key] = commitgraph.Graph.read(lambda args: _run_git_now(repo, args).stdout)
+        except GitError:
+            reads[key] = None
+    return reads[key]
+
+
 def _run_git(
     cwd: Path,
     args: list[str],
@@ -163,6 +211,36 @@ def _run_git(
     raises GitError naming the command and git's stderr. With `tree`, git works on a
     tree someone else wrote in without trusting anything in it (see UntrustedTree).
     """
+    reads = _READS.get()
+    if reads is None or tree is not None or not args or args[0] not in _READ_ONLY:
+        return _run_git_now(
+            cwd, args, input_bytes=input_bytes, env=env, timeout=timeout, ok_codes=ok_codes,
+            tree=tree,
+        )  # fmt: skip
+    key = (str(cwd), tuple(args), input_bytes, tuple(sorted((env or {}).items())), ok_codes)
+    if key not in reads:
+        try:
+            reads[key] = _run_git_now(
+                cwd, args, input_bytes=input_bytes, env=env, timeout=timeout, ok_codes=ok_codes
+            )
+        except GitError as exc:
+            reads[key] = exc
+    answer = reads[key]
+    if isinstance(answer, GitError):
+        raise answer
+    return answer
+
+
+def _run_git_now(
+    cwd: Path,
+    args: list[str],
+    *,
+    input_bytes: bytes | None = None,
+    env: dict[str, str] | None = None,
+    timeout: float = GIT_TIMEOUT_SECONDS,
+    ok_codes: tuple[int, ...] = (0,),
+    tree: UntrustedTree | None = None,
+) -> subprocess.CompletedProcess[bytes]:
     argv = ["git", *(tree.git_args if tree else []), *args]
     command = " ".join(argv)
     if tree is not None:
@@ -345,6 +423,10 @@ def resolve_commit(repo: Path, ref: str) -> str | None:
     ref = ref.strip()
     if not ref or ref.startswith("-"):
         return None
+    graph = _graph(repo)
+    known = graph.commit_of(ref) if graph is not None else None
+    if known is not None:
+        return known
     # --quiet makes an unknown ref exit 1 instead of 128, so 128 still means
     # "not a repository" and is raised.
     result = _run_git(
@@ -362,6 +444,10 @@ def is_ancestor(repo: Path, ancestor: str, descendant: str) -> bool:
     """True when ancestor is descendant or one of its ancestors."""
     _refuse_option(ancestor, "commit")
     _refuse_option(descendant, "commit")
+    graph = _graph(repo)
+    known = graph.is_ancestor(ancestor, descendant) if graph is not None else None
+    if known is not None:
+        return known
     result = _run_git(repo, ["merge-base", "--is-ancestor", ancestor, descendant], ok_codes=(0, 1))
     return result.returncode == 0
 
@@ -392,7 +478,18 @@ def commit_info(repo: Path, ref: str) -> Commit | None:
     sha = resolve_commit(repo, ref)
     if sha is None:
         return None
+    graph = _graph(repo)
+    if graph is not None and sha in graph.nodes:
+        return _commit(sha, graph.nodes[sha])
     return _log(repo, ["-1", sha, "--"])[0]
+
+
+def _commit(sha: str, node: commitgraph.Node) -> Commit:
+    return Commit(
+        sha=sha,
+        subject=_text(node.subject),
+        committed_at=datetime.fromtimestamp(node.seconds, tz=UTC),
+    )
 
 
 def _commits_around(repo: Path, ref: str, moment: datetime) -> tuple[Commit | None, list[Commit]]:
@@ -406,9 +503,11 @@ def _commits_around(repo: Path, ref: str, moment: datetime) -> tuple[Commit | No
     """
     instant = _aware(moment).timestamp()
     bound = math.ceil(instant) - 1  # every commit with s < moment has s <= bound
-    commits = _log(
-        repo, ["--date-order", f"--before=@{bound}", "-n", str(4 * MAX_CHOICES), ref, "--"]
-    )
+    commits = _graph_log(repo, [ref], before=bound, limit=4 * MAX_CHOICES)
+    if commits is None:
+        commits = _log(
+            repo, ["--date-order", f"--before=@{bound}", "-n", str(4 * MAX_CHOICES), ref, "--"]
+        )
     window: list[Commit] = []
     for commit in commits:
         second = commit.committed_at.timestamp()
@@ -486,8 +585,44 @@ def _descendants(repo: Path, base: str, refs: list[str]) -> list[Commit]:
     """Up to MAX_CHOICES of the earliest commits on refs that descend from base, newest first."""
     if not refs:
         return []
-    commits = _log(repo, ["--date-order", "--ancestry-path", f"^{base}", *refs, "--"])
+    commits = _graph_log(repo, refs, descending_from=base)
+    if commits is None:
+        commits = _log(repo, ["--date-order", "--ancestry-path", f"^{base}", *refs, "--"])
     return commits[-MAX_CHOICES:]
+
+
+def _graph_log(
+    repo: Path,
+    refs: list[str],
+    *,
+    before: int | None = None,
+    limit: int | None = None,
+    descending_from: str | None = None,
+) -> list[Commit] | None:
+    """What `git log --date-order [--before=@BEFORE] [-n LIMIT] [--ancestry-path ^BASE]
+    REFS` lists, from the commits in memory; None outside memoized_reads() or where git
+    must decide (see commitgraph)."""
+    graph = _graph(repo)
+    if graph is None:
+        return None
+    order = graph.date_order(refs)
+    if order is None:
+        return None
+    if descending_from is not None:
+        base = graph.commit_of(descending_from)
+        if base is None:
+            return None
+        below = graph.descendants(base)
+        order = [sha for sha in order if sha in below]
+    found = []
+    for sha in order:
+        node = graph.nodes[sha]
+        if before is not None and node.seconds > before:
+            continue
+        found.append(_commit(sha, node))
+        if limit is not None and len(found) >= limit:
+            break
+    return found
 
 
 # --- branches ----------------------------------------------------------------
@@ -1273,6 +1408,11 @@ def files_at(repo: Path, commit: str, paths: list[str]) -> dict[str, bytes | Non
     found: dict[str, bytes | None] = dict.fromkeys(paths)
     if not wanted:
         return found
+    batch = _cat_file(repo)
+    if batch is not None:
+        for path in wanted:
+            found[path] = batch.blob(f"{commit}:{path}")
+        return found
     request = "".join(f"{commit}:{path}\n" for path in wanted).encode("utf-8", "surrogateescape")
     out = _run_git(
         repo, ["cat-file", "--batch"], input_bytes=request, timeout=SLOW_GIT_TIMEOUT_SECONDS
@@ -1290,6 +1430,55 @@ def files_at(repo: Path, commit: str, paths: list[str]) -> dict[str, bytes | Non
         if header[1] == b"blob":
             found[path] = body
     return found
+
+
+class _CatFile:
+    """One `git cat-file --batch` kept open for a memoized_reads() block: a file of a
+    commit read through a pipe, not a process each time."""
+
+    def __init__(self, repo: Path) -> None:
+        self.process = subprocess.Popen(
+            ["git", "cat-file", "--batch"],
+            cwd=repo,
+            env=_environment(),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+        )
+
+    def blob(self, spec: str) -> bytes | None:
+        """The content of `commit:path` when it is a file; None otherwise."""
+        assert self.process.stdin is not None and self.process.stdout is not None
+        self.process.stdin.write(spec.encode("utf-8", "surrogateescape") + b"\n")
+        self.process.stdin.flush()
+        header = self.process.stdout.readline().rstrip(b"\n").split(b" ")
+        if len(header) != 3 or not header[2].isdigit():
+            return None  # "<name> missing" (or ambiguous): not in the commit
+        body = self.process.stdout.read(int(header[2]) + 1)[:-1]  # the content, a newline
+        return body if header[1] == b"blob" else None
+
+    def close(self) -> None:
+        if self.process.stdin is not None:
+            self.process.stdin.close()
+        try:
+            self.process.wait(timeout=GIT_TIMEOUT_SECONDS)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+def _cat_file(repo: Path) -> _CatFile | None:
+    """The repository's open cat-file inside memoized_reads(); None outside it."""
+    reads = _READS.get()
+    if reads is None:
+        return None
+    key = (_CAT_FILE, str(repo))
+    if key not in reads:
+        try:
+            reads[key] = _CatFile(repo)
+        except OSError:
+            reads[key] = None
+    return reads[key]
 
 
 # --- repositories Replays owns (results rebuilt from transcripts) ------------------------

@@ -197,9 +197,7 @@ def start_sandboxed(
     path_variable = env.get("PATH") or os.environ.get("PATH", os.defpath)
     readable: list[Path] = [Path(path) for path in settings.REPLAYS_SANDBOX_READ_ONLY_PATHS]
     found = sandbox.find_program(argv[0], path_variable, cwd=cwd)
-    if found is not None and (
-        programs_within is None or sandbox.contained(found, programs_within)
-    ):
+    if found is not None and (programs_within is None or sandbox.contained(found, programs_within)):
         readable += sandbox.installation_roots(found, path_variable)
     readable += list(files)
     readable = [

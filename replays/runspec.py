@@ -66,7 +66,9 @@ class RunSpec:
         "Globs of the historical diff's test files.", default=DEFAULT_TEST_PATHS
     )
     evaluator: str = _doc("Who judges the run (`tests` or a model id).", default="")
-    context: str = _doc("What the agent knows before the request: cold, digest, fork.", default=COLD)
+    context: str = _doc(
+        "What the agent knows before the request: cold, digest, fork.", default=COLD
+    )
     context_reason: str = _doc("Why this context.", default="")
     preamble: str = _doc("The digest the first request starts with (digest only).", default="")
     transcript_sha256: str = _doc("The transcript as approved (a fork cuts it).", default="")

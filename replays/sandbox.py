@@ -148,9 +148,7 @@ class Prepared:
         self.close()
         if '"exit-code"' in self._status:
             return ""
-        reasons = [
-            line.strip() for line in log_text.splitlines() if line.startswith(_BWRAP_PREFIX)
-        ]
+        reasons = [line.strip() for line in log_text.splitlines() if line.startswith(_BWRAP_PREFIX)]
         return reasons[-1] if reasons else "bwrap ended before the program started."
 
     def close(self) -> None:
@@ -168,9 +166,7 @@ def unsandboxed(argv: Sequence[str], env: Mapping[str, str]) -> Prepared:
     return Prepared(argv=list(argv), env=dict(env))
 
 
-def prepare(
-    policy: Policy, argv: Sequence[str], env: Mapping[str, str], *, bwrap: str
-) -> Prepared:
+def prepare(policy: Policy, argv: Sequence[str], env: Mapping[str, str], *, bwrap: str) -> Prepared:
     """The sandboxed start of argv under `policy` (bwrap's status goes to a pipe)."""
     if policy.git is not None:
         _prepare_git_state(policy.git)
@@ -441,9 +437,7 @@ def probe(bwrap: str, *, fresh: bool = False) -> str:
 def _probe(bwrap: str) -> str:
     program = bwrap if os.sep in bwrap else shutil.which(bwrap)
     if not program or not Path(program).is_file():
-        return (
-            f"bubblewrap ({bwrap}) is not installed: install the Debian package bubblewrap."
-        )
+        return f"bubblewrap ({bwrap}) is not installed: install the Debian package bubblewrap."
     policy = Policy(cwd=Path("/"), writable=(), network=False)
     try:
         completed = subprocess.run(

@@ -162,3 +162,17 @@ def head_to_head(
             records[(a, b)] = Record(wins, ties, losses)
             records[(b, a)] = Record(losses, ties, wins)
     return records
+
+
+def sign_test_p(wins: int, losses: int) -> float | None:
+    """The exact two-sided sign test's p-value for `wins` against `losses` (ties left
+    out): how likely a split at least this uneven is when neither side is better. None
+    when there is nothing to test (no wins and no losses)."""
+    if wins < 0 or losses < 0:
+        raise ValueError(f"need counts >= 0, not {wins} and {losses}")
+    n = wins + losses
+    if n == 0:
+        return None
+    fewer = min(wins, losses)
+    tail = sum(math.comb(n, k) for k in range(fewer + 1))
+    return min(1.0, 2 * tail / 2**n)

@@ -33,6 +33,7 @@ from django.db import connections, transaction
 from django_q.signals import post_spawn
 
 from replays import coordinator, dispatch, hosts, processes, runfolder, wakeups
+from replays.evaluation import campaign_results
 from replays.models import LaunchErrorCode, Run, RunStatus
 from replays.runfolder import COORDINATOR_LOG, run_folder
 
@@ -260,7 +261,14 @@ def host_loop_turn(*, first: bool) -> dict[str, Any]:
     if first or freed:
         logger.info("%s: %s", "Cluster start" if first else "Reconciled", report.as_dict())
         wakeups.request_dispatch()
-    return {**report.as_dict(), "dispatched_by_the_loop": dispatch_if_stalled()}
+    # Members ended by dispatch (a budget spent) or reconcile change their campaigns'
+    # results too; the coordinators keep them for what they end themselves.
+    campaigns = campaign_results.refresh_running()
+    return {
+        **report.as_dict(),
+        "campaigns_refreshed": campaigns,
+        "dispatched_by_the_loop": dispatch_if_stalled(),
+    }
 
 
 def dispatch_if_stalled(now: float | None = None) -> list[int]:

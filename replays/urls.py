@@ -20,4 +20,22 @@ urlpatterns = [
     path("runs/<int:pk>/compare/", views.run_compare, name="run-compare"),
     path("runs/<int:pk>/judge/", views.run_judge, name="run-judge"),
     path("leaderboard/", views.leaderboard, name="leaderboard"),
+    path("campaigns/", views.campaign_list, name="campaign-list"),
+    path("campaigns/new/", views.campaign_new, name="campaign-new"),
+    path("campaigns/new/preview/", views.campaign_preview, name="campaign-preview"),
+    path("campaigns/<int:pk>/", views.campaign_detail, name="campaign-detail"),
+    path("campaigns/<int:pk>/excluded/", views.campaign_excluded, name="campaign-excluded"),
+    path("campaigns/<int:pk>/approve/", views.campaign_approve, name="campaign-approve"),
+    path("campaigns/<int:pk>/cancel/", views.campaign_cancel, name="campaign-cancel"),
+    path(
+        "campaigns/<int:pk>/prepare-again/",
+        views.campaign_prepare_again,
+        name="campaign-prepare-again",
+    ),
+    path("campaigns/<int:pk>/results.csv", views.campaign_results_csv, name="campaign-results-csv"),
+    path(
+        "campaigns/<int:pk>/results.json",
+        views.campaign_results_json,
+        name="campaign-results-json",
+    ),
 ]

@@ -5,7 +5,7 @@
 Copies the checkout to a throwaway folder (tests/demo_layout.py: a fresh clone's layout,
 var/ inside it), runs `make demo PORT=...` there exactly as the README says, logs in
 with the password it prints, and photographs the thread list, the finished batch, its
-comparison page and the leaderboard at 1280x800 in Debian's Chromium. Never touches this
+comparison page, the leaderboard and the campaign pages at 1280x800 in Debian's Chromium. Never touches this
 checkout's var/.
 """
 
@@ -31,12 +31,15 @@ CHROMIUM_ARGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
-# The demo's first batch: its runs are historical (1) and empty (2).
+# The demo's first batch: its runs are historical (1) and empty (2). The new-campaign form
+# previews the demo's own history; campaign 1 is the demo's campaign, when it has one.
 SHOTS = {
     "screenshot.png": "/",
     "batch.png": "/batches/1/",
     "compare.png": "/runs/2/compare/",
     "leaderboard.png": "/leaderboard/",
+    "campaign-new.png": "/campaigns/new/",
+    "campaign.png": "/campaigns/1/",
 }
 
 

@@ -1105,3 +1105,66 @@ def test_a_model_that_looks_like_an_option_is_refused(tmp_path: Path) -> None:
     )
     with pytest.raises(AgentSetupError, match="is not a model name"):
         agent.invocation(context_for(tmp_path, []))
+
+
+# --- a campaign's cost cap -----------------------------------------------------------------
+
+
+def test_a_campaign_runs_cap_is_given_to_claude_when_lower_than_its_own(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    context = context_for(tmp_path, [])
+    argv = (
+        adapter(max_budget_usd=1.5).invocation(replace(context, cost_cap_usd=Decimal("0.25"))).argv
+    )
+    assert argv[argv.index("--max-budget-usd") + 1] == "0.25"
+    argv = (
+        adapter(max_budget_usd=0.1).invocation(replace(context, cost_cap_usd=Decimal("0.25"))).argv
+    )
+    assert argv[argv.index("--max-budget-usd") + 1] == "0.1"
+    argv = adapter().invocation(replace(context, cost_cap_usd=Decimal("10"))).argv
+    assert argv[argv.index("--max-budget-usd") + 1] == "10"
+    assert "--max-budget-usd" not in adapter().invocation(context).argv
+
+
+def test_claude_stopping_at_a_campaigns_cap_is_budget_exhausted_not_the_models(
+    tmp_path: Path,
+) -> None:
+    from dataclasses import replace
+
+    from replays.coordinator.supervisor import Exited
+    from replays.coordinator.turns import Turns, conclude
+
+    stopped = {**RESULT_SUCCESS, "subtype": "error_max_budget_usd", "is_error": True,
+               "result": "", "total_cost_usd": 0.31}  # fmt: skip
+    context = replace(context_for(tmp_path, [line(stopped)]), cost_cap_usd=Decimal("0.25"))
+    outcome = adapter().outcome(context, exit_code=1)
+    assert outcome.stopped_at_cap
+    turns = Turns(count=1)
+    turns.add(outcome, ending=Exited(1), seconds=3.0, session="s")
+    result = conclude(
+        turns, wall_seconds=3.0, timeout="1m", error_words="", cost_cap=Decimal("0.25")
+    )
+    assert (result.status, result.failure_code) == (RunStatus.FAILED, FailureCode.BUDGET_EXHAUSTED)
+    assert "it spent $0.3100" in result.failure_message
+    # Without a campaign's cap (the entry's own max_budget_usd), it is claude's error.
+    plain = adapter(max_budget_usd=0.25).outcome(
+        context_for(tmp_path, [line(stopped)]), exit_code=1
+    )
+    assert not plain.stopped_at_cap
+
+
+@pytest.mark.cli
+def test_the_real_claude_stops_itself_at_its_budget(replay: Replay) -> None:
+    """claude 2.1.332 with --max-budget-usd below what its first answer costs ends with
+    the subtype error_max_budget_usd, which a campaign's run maps to budget_exhausted."""
+    steps = iter([ToolCall("read", {"file_path": "README.md"}, Usage(input_tokens=50_000,
+                                                                    output_tokens=2_000)),
+                  Text("Done.", Usage(input_tokens=10, output_tokens=5))])  # fmt: skip
+    with AnthropicServer(lambda body: next(steps)) as server:
+        replay.configure(server, max_budget_usd=0.01)
+        done = replay.run(timeout=120)
+    run = Run.objects.get()
+    assert result_line(run)["subtype"] == "error_max_budget_usd", done.stdout + done.stderr
+    # Not a campaign's run: the entry's own cap is claude's error, the model's to own.
+    assert (run.status, run.failure_code) == (RunStatus.FAILED, FailureCode.AGENT_ERROR)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 from datetime import timedelta
+from decimal import Decimal
 from typing import Any
 
 import pytest
@@ -17,6 +18,9 @@ from django.utils import timezone
 from replays.models import (
     ApiToken,
     Batch,
+    Campaign,
+    CampaignRequest,
+    CampaignStatus,
     LaunchError,
     Plan,
     PlanStatus,
@@ -105,9 +109,32 @@ def graph(db: None, user: User) -> Graph:
         evaluator="tests",
         finished_at=now,
     )
+    campaign = Campaign.objects.create(
+        owner=user,
+        configuration={"models": ["empty"]},
+        fingerprint="f" * 64,
+        status=CampaignStatus.READY_FOR_APPROVAL,
+        budget_usd=Decimal("5"),
+        token_hash="4" * 64,
+        created_at=now,
+        expires_at=now + timedelta(minutes=5),
+    )
+    campaign_request = CampaignRequest.objects.create(
+        campaign=campaign,
+        thread=thread,
+        turn=turn,
+        message_uuid="m-0",
+        request="do it",
+        timestamp=now,
+        position=0,
+        eligible=True,
+        selected=True,
+    )
     return {
         "thread": thread,
         "turn": turn,
+        "campaign": campaign,
+        "campaign_request": campaign_request,
         "plan": plan,
         "batch": batch,
         "run": run,
@@ -154,6 +181,31 @@ VIOLATIONS: dict[str, Callable[[Graph], models.Model]] = {
     "turn_unique_message": lambda g: clone(g["turn"], index=1),
     "turn_seconds_gte_0": lambda g: clone(g["turn"], index=1, message_uuid="m-1", seconds=-0.5),
     "plan_unique_token_hash": lambda g: clone(g["plan"]),
+    "campaign_unique_token_hash": lambda g: clone(g["campaign"]),
+    "campaign_status_valid": lambda g: clone(g["campaign"], token_hash="5" * 64, status="paused"),
+    "campaign_expires_after_creation": lambda g: clone(
+        g["campaign"], token_hash="5" * 64, expires_at=g["campaign"].created_at
+    ),
+    "campaign_budget_positive": lambda g: clone(
+        g["campaign"], token_hash="5" * 64, budget_usd=Decimal(0)
+    ),
+    "campaign_approved_runs": lambda g: clone(
+        g["campaign"], token_hash="5" * 64, approved_at=timezone.now()
+    ),
+    "campaign_request_once": lambda g: clone(g["campaign_request"]),
+    "campaign_request_reason_valid": lambda g: clone(
+        g["campaign_request"],
+        message_uuid="m-1",
+        eligible=False,
+        selected=False,
+        reason="bored",
+    ),  # fmt: skip
+    "campaign_request_eligible_xor_reason": lambda g: clone(
+        g["campaign_request"], message_uuid="m-1", reason="rolled_back"
+    ),
+    "campaign_request_selected_is_eligible": lambda g: clone(
+        g["campaign_request"], message_uuid="m-1", eligible=False, reason="rolled_back"
+    ),
     "plan_status_valid": lambda g: clone(g["plan"], token_hash="3" * 64, status="approved"),
     "plan_expires_after_creation": lambda g: clone(
         g["plan"], token_hash="3" * 64, expires_at=g["plan"].created_at

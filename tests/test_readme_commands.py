@@ -34,6 +34,9 @@ NOT_RUN = {
     "make test": "the test suite itself",
     "make demo": "started once for the whole module (the fixture)",
     ".venv/bin/python manage.py update_prices": "needs LiteLLM's price file, downloaded by hand",
+    ".venv/bin/python manage.py campaign --last 20 --model codex:gpt-5.5": "needs codex's and "
+    "claude's accounts (tests/test_campaign_command.py runs it with the real CLIs against "
+    "scripted servers; the demo's campaign example below is run here)",
 }
 
 
@@ -96,7 +99,7 @@ class Browser:
 
 
 def test_every_shell_example_is_run_or_says_why_not() -> None:
-    run = {"import_threads", "replay", "judge"}
+    run = {"import_threads", "replay", "judge", "campaign"}
     for command in shell_examples():
         if any(command.startswith(prefix) for prefix in NOT_RUN):
             continue
@@ -124,6 +127,10 @@ def test_make_demo_shows_a_judged_comparison_and_a_leaderboard(demo: Demo) -> No
     board = browser.get("/leaderboard/")
     ranked = re.findall(r'leaderboard-model-label" title="([^"]+)"', board)
     assert ranked == ["historical", "empty"], ranked
+    # And a campaign over the samples' gradable requests, calibrated, with its chart.
+    assert "Calibration: historical did not lose and empty lost, as they must." in demo.text
+    campaign = browser.get("/campaigns/1/")
+    assert "<svg" in campaign and "not to be trusted" not in campaign
 
 
 def test_the_import_examples_run_as_written(demo: Demo) -> None:
@@ -146,6 +153,17 @@ def test_the_replay_example_ends_with_a_judged_table(demo: Demo) -> None:
     assert re.search(r"^empty .* 1\.00 / 0\.00 historical", table, re.M), table
     # The relative program was taken from where it was typed: the clone's .venv.
     assert "not judged" not in table
+
+
+def test_the_demo_campaign_example_ends_with_a_calibrated_table(demo: Demo) -> None:
+    [example] = examples_starting(".venv/bin/python manage.py campaign --last 3")
+    done = demo.shell(example)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "(given)" in done.stdout  # the test command, as typed, from where it was typed
+    table = done.stdout[done.stdout.index("as good as history") :]
+    assert re.search(r"^historical +1 +0 +1 +0 +0 +100%", table, re.M), table
+    assert re.search(r"^empty +1 +0 +0 +1 +0 +0%", table, re.M), table
+    assert "Calibration: historical did not lose and empty lost, as they must." in table
 
 
 def test_the_judge_examples_judge_the_demos_runs_again(demo: Demo) -> None:

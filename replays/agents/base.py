@@ -129,6 +129,10 @@ class RunContext:
     # The historical diff, read once by the coordinator and checked against the approved
     # sha256 (the historical baseline applies it).
     historical_diff: str = ""
+    # The most this turn may spend (a campaign's budget left, less earlier turns' costs);
+    # None: no cap. An agent that can cap itself is given it (claude's --max-budget-usd);
+    # for every agent the coordinator stops it when its reported cost passes the cap.
+    cost_cap_usd: Decimal | None = None
 
 
 @dataclass(frozen=True)
@@ -164,6 +168,8 @@ class AgentOutcome:
     # Why it failed, when that is a setup problem (not logged in, a quota, ...) rather
     # than the model's doing: such a run is not counted against the model.
     setup: SetupProblem | None = None
+    # The agent stopped itself at the cost cap it was given (claude's --max-budget-usd).
+    stopped_at_cap: bool = False
 
 
 @dataclass(frozen=True)

@@ -290,7 +290,9 @@ class ClaudeCodeAgent(ConfiguredAgent):
         flags = ["--permission-mode", self.permission_mode]
         if self.max_turns is not None:
             flags += ["--max-turns", str(self.max_turns)]
-        invocation = self._print(context, flags + self._budget(), mode=self.permission_mode)
+        invocation = self._print(
+            context, flags + self._budget(context.cost_cap_usd), mode=self.permission_mode
+        )
         if context.resume_session:
             # A later turn of the range: the session turn 1 made goes on.
             invocation.argv.extend(["--resume", _session_argument(context.resume_session)])
@@ -314,8 +316,13 @@ class ClaudeCodeAgent(ConfiguredAgent):
     def session_id(self, context: RunContext) -> str:
         return self._read_log(context, exit_code=0)[1].session_id
 
-    def _budget(self) -> list[str]:
-        return [] if self.max_budget_usd is None else ["--max-budget-usd", str(self.max_budget_usd)]
+    def _budget(self, cap: Decimal | None = None) -> list[str]:
+        """--max-budget-usd: the entry's own cap, or the run's (a campaign's budget left)
+        when that is lower."""
+        caps = [Decimal(str(self.max_budget_usd))] if self.max_budget_usd is not None else []
+        if cap is not None:
+            caps.append(cap)
+        return ["--max-budget-usd", _dollars(min(caps))] if caps else []
 
     def _print(self, context: RunContext, flags: list[str], *, mode: str) -> Invocation:
         """`claude -p` with stream-json, `flags` and then 'args', in the context's
@@ -384,6 +391,10 @@ class ClaudeCodeAgent(ConfiguredAgent):
             outcome.error = readable_tail(self.render_log(read_tail(context.log_path)))
         if outcome.failed or exit_code != 0:
             outcome.setup = setup_problem(summary.api_error, summary.result, outcome.error)
+        # It stopped itself at --max-budget-usd: a campaign's run cap when it had one.
+        outcome.stopped_at_cap = (
+            context.cost_cap_usd is not None and summary.result.get("subtype") == MAX_BUDGET_SUBTYPE
+        )
         refused = sandbox_refusal(summary.shell_outputs)
         if refused:
             outcome.failed = True
@@ -537,7 +548,6 @@ class StreamSummary:
             self.result = dict(event)
             self.session_id = _text(event.get("session_id")) or self.session_id
 
-
     def _tool_blocks(self, event: Mapping[str, Any]) -> None:
         message = event.get("message")
         content = message.get("content") if isinstance(message, Mapping) else None
@@ -546,7 +556,9 @@ class StreamSummary:
                 continue
             if block.get("type") == "tool_use" and block.get("name") == "Bash":
                 self._shell_calls.add(_text(block.get("id")))
-            elif block.get("type") == "tool_result" and block.get("tool_use_id") in self._shell_calls:
+            elif (
+                block.get("type") == "tool_result" and block.get("tool_use_id") in self._shell_calls
+            ):
                 self.shell_outputs.append(_tool_result_text(block.get("content")))
 
 
@@ -554,10 +566,16 @@ def _tool_result_text(content: object) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return "\n".join(
-            _text(part.get("text")) for part in content if isinstance(part, Mapping)
-        )
+        return "\n".join(_text(part.get("text")) for part in content if isinstance(part, Mapping))
     return ""
+
+
+MAX_BUDGET_SUBTYPE = "error_max_budget_usd"
+
+
+def _dollars(amount: Decimal) -> str:
+    """A cap as claude reads it: plain decimal dollars, at most 4 places, never 0."""
+    return format(max(amount, Decimal("0.0001")).quantize(Decimal("0.0001")).normalize(), "f")
 
 
 def result_outcome(result: Mapping[str, Any], *, model: str) -> AgentOutcome:

@@ -15,20 +15,9 @@ from rest_framework.renderers import BaseRenderer, BrowsableAPIRenderer, JSONRen
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-# A spreadsheet runs a cell that starts with one of these as a formula; thread titles
-# come from transcripts, so such text gets a leading apostrophe (OWASP's advice).
-_FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+from replays.formatting import csv_cell
 
-
-def csv_cell(value: object) -> str:
-    """One value as a CSV cell: empty for null, true/false like JSON, text defused."""
-    if value is None:
-        return ""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return f"'{value}" if value.startswith(_FORMULA_STARTS) else value
-    return str(value)
+__all__ = ["CSVRenderer", "ExportMixin", "csv_cell"]
 
 
 class CSVRenderer(BaseRenderer):

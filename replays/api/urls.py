@@ -1,6 +1,6 @@
 from django.urls import path, re_path
 
-from replays.api import errors, views
+from replays.api import campaigns, errors, views
 
 urlpatterns = [
     path("threads/", views.ThreadListView.as_view(), name="api-thread-list"),
@@ -20,6 +20,23 @@ urlpatterns = [
     path("models/", views.ModelListView.as_view(), name="api-models"),
     path("evaluators/", views.EvaluatorListView.as_view(), name="api-evaluators"),
     path("batches/<int:pk>/results", views.BatchResultsView.as_view(), name="api-batch-results"),
+    path("campaigns/", campaigns.CampaignListView.as_view(), name="api-campaign-list"),
+    path("campaigns/<int:pk>/", campaigns.CampaignDetailView.as_view(), name="api-campaign-detail"),
+    path(
+        "campaigns/<int:pk>/approve",
+        campaigns.CampaignApproveView.as_view(),
+        name="api-campaign-approve",
+    ),
+    path(
+        "campaigns/<int:pk>/results",
+        campaigns.CampaignResultsView.as_view(),
+        name="api-campaign-results",
+    ),
+    path(
+        "campaigns/<int:pk>/cancel",
+        campaigns.CampaignCancelView.as_view(),
+        name="api-campaign-cancel",
+    ),
     path("leaderboard/", views.LeaderboardView.as_view(), name="api-leaderboard"),
     path(
         "leaderboard/filters",

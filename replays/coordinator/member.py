@@ -11,6 +11,7 @@ import logging
 import time
 import traceback
 from dataclasses import dataclass, replace
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -34,9 +35,16 @@ from replays.agents.base import (
 )
 from replays.agents.problems import SetupKind, SetupProblem
 from replays.coordinator.rows import RunGone, RunRow, heartbeat_in_background
-from replays.coordinator.supervisor import CANCELLED, AgentProcess, Ending, Exited
+from replays.coordinator.supervisor import (
+    CANCELLED,
+    OVER_CAP,
+    AgentProcess,
+    Ending,
+    Exited,
+    Stop,
+)
 from replays.coordinator.turns import Result, Turns, bounded, conclude, rounded
-from replays.evaluation import report, treetests
+from replays.evaluation import campaign_results, report, treetests
 from replays.models import FailureCode, Run, RunPhase, RunStatus
 from replays.processes import pause_point
 from replays.runfolder import AGENT_LOG, CONFIGURATION_FILE, FULL_DIFF_FILE, REQUEST_FILE
@@ -85,6 +93,8 @@ class Member:
         self.adapter: Agent | None = None
         self.historical_diff = ""
         self._next_review_beat = 0.0
+        # The turn the agent is running and what earlier turns spent (its cost cap's check).
+        self._running: tuple[RunContext, Decimal] | None = None
 
     def execute(self) -> str:
         """Every step, then the final write; what happened, for the command's output."""
@@ -129,6 +139,7 @@ class Member:
             wall_seconds=wall_seconds,
             timeout=duration(self.spec.timeout()),
             error_words=error_from_log(self.log_path),
+            cost_cap=self.run.cost_cap_usd,
         )
         if result.status == RunStatus.CANCELLED:
             return result
@@ -161,6 +172,7 @@ class Member:
             request_file=self.run_dir / REQUEST_FILE,
             log_path=self.log_path,
             turns=len(requests),
+            cost_cap_usd=self.run.cost_cap_usd,
         )
         with heartbeat_in_background(self.run.pk):
             # Set first: a worktree add that fails halfway still leaves something to remove.
@@ -255,7 +267,10 @@ class Member:
                      + (f", resuming session {resuming}." if resuming else ".")]
                 )  # fmt: skip
             turn = replace(turn, log_offset=file_size(self.log_path))
+            spent = turns.spent()
+            self._running = (turn, spent) if spent is not None else None
             ending, outcome, seconds = self._run_turn(prepared, turn, invocation, deadline)
+            self._running = None
             turns.add(outcome, ending=ending, seconds=seconds, session=self._session(turn))
             if turns.several:
                 turns.diff_after(*self._tree_diff())
@@ -276,8 +291,14 @@ class Member:
             )
         request_file = self.run_dir / f"request-{number}.md"
         write_text(request_file, text)
+        cap, spent = prepared.first.cost_cap_usd, turns.spent()
         turn = replace(
-            prepared.first, turn=number, request_file=request_file, resume_session=session
+            prepared.first,
+            turn=number,
+            request_file=request_file,
+            resume_session=session,
+            # What is left of the run's cap after the earlier turns.
+            cost_cap_usd=None if cap is None or spent is None else max(Decimal(0), cap - spent),
         )
         with heartbeat_in_background(self.run.pk):
             return turn, prepared.adapter.invocation(turn)
@@ -362,9 +383,26 @@ class Member:
             # No bwrap that works here: the deployment's setup, said with its fix.
             raise AgentNotReady(SetupProblem(SetupKind.SANDBOX, str(exc))) from None
 
-    def _beat(self) -> bool:
-        """The heartbeat while an agent runs: True when a cancel was asked for."""
-        return self.row.heartbeat(self._log_tail())
+    def _beat(self) -> Stop | None:
+        """The heartbeat while an agent runs: whether to stop it (a cancel asked for, or
+        the cost it reported so far past the run's cap)."""
+        if self.row.heartbeat(self._log_tail()):
+            return CANCELLED
+        return OVER_CAP if self._over_cap() else None
+
+    def _over_cap(self) -> bool:
+        """The running agent's cost so far (earlier turns' and this one's, as its log tells
+        it) is past the run's cap. Unknown costs never stop it."""
+        cap = self.run.cost_cap_usd
+        if cap is None or self._running is None or self.adapter is None:
+            return False
+        turn, before = self._running
+        try:
+            now = self.adapter.outcome(turn, exit_code=-1).cost_usd
+        except Exception as exc:  # a half-written log: try again at the next beat
+            logger.info("Run %s: cost so far not read: %s", self.run.pk, exc)
+            return False
+        return now is not None and before + now > cap
 
     def _session(self, turn: RunContext) -> str:
         """The session a finished turn ran in ("" when the agent keeps none or did not say)."""
@@ -483,7 +521,7 @@ class Member:
         if now < self._next_review_beat:
             return
         self._next_review_beat = now + float(settings.REPLAYS_HEARTBEAT_SECONDS)
-        if self._beat():
+        if self._beat() is CANCELLED:
             raise CancelledWhileReviewing()
 
     def _finish(self, result: Result) -> None:
@@ -506,6 +544,9 @@ class Member:
             return
         runlogs.store_log(self.run.pk, self.log_path)
         logger.info("Run %s ended: %s %s", self.run.pk, result.status, result.failure_code or "")
+        if self.run.batch.campaign_id is not None:
+            # Its campaign's results and progress are kept, not computed per view.
+            campaign_results.refresh_for_run(self.run.pk)
 
     # --- helpers -----------------------------------------------------------------------
 

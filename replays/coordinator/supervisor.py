@@ -1,7 +1,7 @@
 """Supervising one agent process: started in its own session (through its sandbox),
-watched until it exits, the run's deadline passes or a cancel is asked for, and stopped
-with everything it started. How it ended is a type, not text: Exited(code), TIMED_OUT or
-CANCELLED."""
+watched until it exits, the run's deadline passes, a cancel is asked for or it spends
+past its cost cap, and stopped with everything it started. How it ended is a type, not
+text: Exited(code), TIMED_OUT, CANCELLED or OVER_CAP."""
 
 from __future__ import annotations
 
@@ -40,9 +40,18 @@ class Cancelled:
     pass
 
 
-Ending = Exited | TimedOut | Cancelled
+@dataclass(frozen=True)
+class OverCap:
+    """Stopped because what it reported spending passed the run's cost cap (a campaign's
+    budget left when it started)."""
+
+
+Ending = Exited | TimedOut | Cancelled | OverCap
 TIMED_OUT = TimedOut()
 CANCELLED = Cancelled()
+OVER_CAP = OverCap()
+# What a heartbeat may ask for: stop the agent, and why.
+Stop = Cancelled | OverCap
 
 
 class AgentProcess:
@@ -72,9 +81,9 @@ class AgentProcess:
                 )
             ) from None
 
-    def wait(self, deadline: float, beat: Callable[[], bool]) -> Ending:
+    def wait(self, deadline: float, beat: Callable[[], Stop | None]) -> Ending:
         """Poll it until it ends or `deadline` (time.monotonic()) passes; `beat` is called
-        every heartbeat and returns True when a cancel was asked for."""
+        every heartbeat and says when to stop it (a cancel, its cost cap)."""
         assert self.popen is not None and self.identity is not None
         every = float(settings.REPLAYS_HEARTBEAT_SECONDS)
         next_beat = time.monotonic() + every
@@ -94,10 +103,11 @@ class AgentProcess:
                 return TIMED_OUT
             if now >= next_beat:
                 next_beat = now + every
-                if beat():
-                    logger.info("Run %s: cancel requested; stopping the agent.", self.run_id)
+                stop = beat()
+                if stop is not None:
+                    logger.info("Run %s: %s; stopping the agent.", self.run_id, _WHY[type(stop)])
                     self.stop()
-                    return CANCELLED
+                    return stop
             time.sleep(min(POLL_SECONDS, max(0.0, deadline - now)))
 
     def stop(self) -> None:
@@ -114,3 +124,6 @@ class AgentProcess:
         )
         self.popen.poll()
         self.ended = True
+
+
+_WHY = {Cancelled: "cancel requested", OverCap: "it spent past its cost cap"}

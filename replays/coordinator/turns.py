@@ -1,7 +1,7 @@
 """What a run's turns add up to, and what the run's ending makes of it.
 
-Each turn (one request of the range, one agent process) ends Exited, TimedOut or
-Cancelled with an outcome (usage, cost, the agent's error); `Turns` keeps each one's own
+Each turn (one request of the range, one agent process) ends Exited, TimedOut, Cancelled
+or OverCap with an outcome (usage, cost, the agent's error); `Turns` keeps each one's own
 figures (Run.turns) and their sum; `conclude` turns the last ending and the summed
 outcome into the run's status, failure code and message, whose failure it is."""
 
@@ -13,7 +13,7 @@ from typing import Any
 
 from replays import pricing, repos
 from replays.agents.base import AgentOutcome, absurd_usage
-from replays.coordinator.supervisor import Cancelled, Ending, Exited, TimedOut
+from replays.coordinator.supervisor import Cancelled, Ending, Exited, OverCap, TimedOut
 from replays.models import FailureCode, RunStatus
 from replays.transcripts.base import TokenUsage
 
@@ -102,26 +102,50 @@ class Turns:
                 error=last.error,
                 failed=last.failed,
                 setup=last.setup,
+                stopped_at_cap=last.stopped_at_cap,
             )
         )
 
+    def spent(self) -> Decimal | None:
+        """What the turns that ended cost together (None: one's cost is unknown)."""
+        costs = [outcome.cost_usd for outcome in self.outcomes]
+        return None if None in costs else sum(costs, Decimal(0))  # type: ignore[arg-type]
+
     def where_it_stopped(self) -> str:
-        """" at request 2 of 3" for a range that stopped early; "" otherwise."""
+        """ " at request 2 of 3" for a range that stopped early; "" otherwise."""
         return f" at request {len(self.records)} of {self.count}" if self.several else ""
 
 
-_ENDING_WORDS = {Exited: "exited", TimedOut: "timeout", Cancelled: "cancelled"}
+_ENDING_WORDS = {
+    Exited: "exited", TimedOut: "timeout", Cancelled: "cancelled", OverCap: "cost cap",
+}  # fmt: skip
 
 
-def conclude(turns: Turns, *, wall_seconds: float, timeout: str, error_words: str) -> Result:
+def conclude(
+    turns: Turns,
+    *,
+    wall_seconds: float,
+    timeout: str,
+    error_words: str,
+    cost_cap: Decimal | None = None,
+) -> Result:
     """The run's status from how its last turn ended and what its turns add up to; the
     failure's owner by its code (a setup problem is never the model's). `error_words` is
-    the log's last lines, for an agent that exited badly without saying why."""
+    the log's last lines, for an agent that exited badly without saying why; `cost_cap`
+    the most it could spend (a campaign's budget left when it started)."""
     outcome = turns.total()
     ending = turns.last_ending
     base = {"wall_seconds": wall_seconds, "outcome": outcome, "turns": turns}
     if isinstance(ending, Cancelled):
         return Result(RunStatus.CANCELLED, **base)
+    if isinstance(ending, OverCap) or (cost_cap is not None and outcome.stopped_at_cap):
+        # The campaign's money ran out under it: ours, never counted against the model.
+        spent = "an unknown amount" if outcome.cost_usd is None else f"${rounded(outcome.cost_usd)}"
+        message = (
+            f"Stopped at its cost cap{turns.where_it_stopped()}: it spent {spent}, and the "
+            f"campaign's budget had ${rounded(cost_cap)} left for it when it started."
+        )
+        return Result(RunStatus.FAILED, FailureCode.BUDGET_EXHAUSTED, message, **base)
     if isinstance(ending, TimedOut):
         if outcome.setup is not None:
             # It waited for the network until the deadline: the setup's, not the model's.

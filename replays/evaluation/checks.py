@@ -364,8 +364,7 @@ def _tree_tests(
             exit_code=None,  # the command itself never ran
             output_tail=output[-OUTPUT_TAIL_CHARS:],
             seconds=seconds,
-            message=f"The verify command {argv[0]!r} could not start in the sandbox: "
-            f"{not_started}",
+            message=f"The verify command {argv[0]!r} could not start in the sandbox: {not_started}",
         )
     tests, junit_note = _read_results(junit)
     return TreeTests(

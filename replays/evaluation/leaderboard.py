@@ -89,9 +89,7 @@ class InvalidFilter(ServiceError):
     """A filter value that cannot be used, with the field it came from."""
 
     def __init__(self, field: str, message: str, value: str) -> None:
-        super().__init__(
-            message, code="invalid_filter", details={"field": field, "value": value}
-        )
+        super().__init__(message, code="invalid_filter", details={"field": field, "value": value})
         self.field = field
         self.value = value
 
@@ -239,7 +237,7 @@ class Leaderboard:
 
 # What became of a run, worked out in the query: win, tie, loss, failed, or why it is not
 # counted (a key of NOT_COUNTED_REASONS).
-_OUTCOME = Case(
+RUN_OUTCOME = Case(
     When(current__status=ReportStatus.JUDGED, current__winner=Winner.REPLAY, then=Value(WIN)),
     When(current__status=ReportStatus.JUDGED, current__winner=Winner.TIE, then=Value(TIE)),
     When(
@@ -329,7 +327,7 @@ def _entries(user: Any, filters: Filters, *, all_runs: bool = False) -> list[_En
     # In _Entry's order; all annotations, so the query selects them in this order.
     columns = {
         "entry_model": F("model"),
-        "entry_outcome": _OUTCOME,
+        "entry_outcome": RUN_OUTCOME,
         "entry_evaluator": Coalesce("current__evaluator", "batch__evaluator"),
         "entry_version": F("current__prompt_version"),
         "entry_score": F("current__score_replay"),

@@ -33,9 +33,10 @@ from django.utils import timezone
 
 from replays import processes, repos, runfolder
 from replays.errors import ErrorKind, ServiceError
-from replays.evaluation import checks, document, evaluators, judge, treetests
+from replays.evaluation import campaign_results, checks, document, evaluators, judge, treetests
 from replays.evaluation.review import PROMPT_VERSION, ReviewInputs, ReviewKey, obtain_review
 from replays.models import (
+    ACTIVE_RUN_STATUSES,
     Report,
     ReportStatus,
     Review,
@@ -111,7 +112,9 @@ def check_judgeable(*, run: Run, evaluator: str | None, approved: Any) -> evalua
     wanted = evaluator or run.batch.evaluator
     if not wanted:
         raise JudgmentRefused(
-            "This batch has no evaluator: name one.", code="evaluator_required", kind=ErrorKind.INVALID
+            "This batch has no evaluator: name one.",
+            code="evaluator_required",
+            kind=ErrorKind.INVALID,
         )
     try:
         info = evaluators.resolve_evaluator(wanted)
@@ -216,6 +219,13 @@ def judge_report(
     if not _finish(report, values):
         raise JudgmentGone()
     report.refresh_from_db()
+    status, campaign_id = Run.objects.values_list("status", "batch__campaign_id").get(
+        pk=report.run_id
+    )
+    if campaign_id is not None and status not in ACTIVE_RUN_STATUSES:
+        # A judgment written anew (`judge` again) changes its campaign's results (the
+        # coordinator refreshes them itself when its run ends).
+        campaign_results.refresh(campaign_id)
     return report
 
 
@@ -340,33 +350,7 @@ def _judge_with_model(
     )
 
 
-
-
-
-
-
-
-
-
 # --- the document -----------------------------------------------------------------------------
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
 
 
 def _finish(report: Report, values: dict[str, Any]) -> bool:
@@ -385,12 +369,4 @@ def _finish(report: Report, values: dict[str, Any]) -> bool:
     return written == 1
 
 
-
-
-
-
 # --- reading the stored judgments ---------------------------------------------------------------
-
-
-
-

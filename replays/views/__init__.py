@@ -1,7 +1,19 @@
 """Server-rendered pages, one module per page family: threads (list, thread, upload),
-replays (plan, approval) and results (batches, runs). Thin: reads go straight to the
+replays (plan, approval), results (batches, runs) and campaigns. Thin: reads go straight to the
 models; writes go through the services the commands and the API use."""
 
+from replays.views.campaigns import (
+    campaign_approve,
+    campaign_cancel,
+    campaign_detail,
+    campaign_excluded,
+    campaign_list,
+    campaign_new,
+    campaign_prepare_again,
+    campaign_preview,
+    campaign_results_csv,
+    campaign_results_json,
+)
 from replays.views.comparison import run_compare, run_judge
 from replays.views.leaderboard import leaderboard
 from replays.views.replays import plan_approve, plan_detail, plan_prepare_again
@@ -31,4 +43,14 @@ __all__ = [
     "run_compare",
     "run_judge",
     "leaderboard",
+    "campaign_approve",
+    "campaign_cancel",
+    "campaign_detail",
+    "campaign_excluded",
+    "campaign_list",
+    "campaign_new",
+    "campaign_prepare_again",
+    "campaign_preview",
+    "campaign_results_csv",
+    "campaign_results_json",
 ]

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
+from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 
 from replays import agents, runfolder
@@ -59,3 +61,44 @@ def locked_out(
         },
         status=429,
     )
+
+
+@dataclass(frozen=True)
+class TokenCookie:
+    """A prepare token handed to the browser once, in a signed, HTTP-only cookie scoped to
+    the pages of what was prepared (a plan's, a campaign's); the server keeps only its hash,
+    as with the API (DESIGN.md)."""
+
+    prefix: str  # the cookie's name before the id
+    salt: str
+    page: str  # the URL name of the page whose path scopes the cookie
+
+    def name(self, pk: int) -> str:
+        return f"{self.prefix}{pk}"
+
+    def path(self, pk: int) -> str:
+        return reverse(self.page, args=[pk])
+
+    def read(self, request: HttpRequest, pk: int) -> str | None:
+        return request.get_signed_cookie(
+            self.name(pk),
+            default=None,
+            salt=self.salt,
+            max_age=settings.REPLAYS_PREPARE_TOKEN_SECONDS,
+        )
+
+    def give(self, request: HttpRequest, response: HttpResponse, pk: int, token: str) -> None:
+        response.set_signed_cookie(
+            self.name(pk),
+            token,
+            salt=self.salt,
+            max_age=settings.REPLAYS_PREPARE_TOKEN_SECONDS,
+            path=self.path(pk),
+            secure=request.is_secure(),
+            httponly=True,
+            samesite="Strict",
+        )
+
+    def forget(self, response: HttpResponse, pk: int) -> None:
+        """Single use: once approved, the browser has no more need for the token."""
+        response.delete_cookie(self.name(pk), path=self.path(pk), samesite="Strict")

@@ -32,11 +32,28 @@ def percent(value: float | None) -> str:
     return "—" if value is None else f"{round(value * 100)}%"
 
 
-def rate_text(row: leaderboards.Row) -> str:
-    """62% (48–74%): the rate and its interval."""
-    if row.rate is None:
+def interval_text(rate: float | None, low: float | None, high: float | None) -> str:
+    """62% (48–74%): a rate and its interval."""
+    if rate is None:
         return "—"
-    return f"{percent(row.rate)} ({round((row.rate_low or 0) * 100)}–{percent(row.rate_high)})"
+    return f"{percent(rate)} ({round((low or 0) * 100)}–{percent(high)})"
+
+
+def rate_text(row: leaderboards.Row) -> str:
+    return interval_text(row.rate, row.rate_low, row.rate_high)
+
+
+def interval_bar(
+    rate: float | None, low: float | None, high: float | None
+) -> tuple[float, float, float]:
+    """The interval as a small bar, in percent of its width: (start, width, the rate's mark)."""
+    low, high, rate = low or 0.0, high or 0.0, rate or 0.0
+    return (
+        round(low * 100, 2),
+        round(max(high - low, 0.0) * 100, 2),
+        # The mark is 1.2 wide: at 100% it ends on the bar's right edge.
+        round(min(rate * 100, 98.8), 2),
+    )
 
 
 @dataclass(frozen=True)
@@ -64,15 +81,14 @@ class RowView:
 
 
 def _row_view(row: leaderboards.Row, label: str) -> RowView:
-    low, high, rate = row.rate_low or 0.0, row.rate_high or 0.0, row.rate or 0.0
+    bar_low, bar_width, bar_rate = interval_bar(row.rate, row.rate_low, row.rate_high)
     return RowView(
         row=row,
         label=label,
         rate_text=rate_text(row),
-        bar_low=round(low * 100, 2),
-        bar_width=round(max(high - low, 0.0) * 100, 2),
-        # The mark is 1.2 wide: at 100% it ends on the bar's right edge.
-        bar_rate=round(min(rate * 100, 98.8), 2),
+        bar_low=bar_low,
+        bar_width=bar_width,
+        bar_rate=bar_rate,
     )
 
 

@@ -7,13 +7,11 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.template.defaultfilters import pluralize
-from django.urls import reverse
 from django.views.decorators.http import require_POST
 
 from replays import agents, approval, estimates, planning
@@ -26,28 +24,11 @@ from replays.models import (
     Thread,
     Turn,
 )
-from replays.views.common import model_labels
+from replays.views.common import TokenCookie, model_labels
 
 # The page flow hands the prepare token to the browser once, in a signed cookie scoped to
-# the plan's pages: the server keeps only its hash, as with the API (DESIGN.md).
-TOKEN_COOKIE_SALT = "replays.prepare-token"
-
-
-def _token_cookie(plan_id: int) -> str:
-    return f"prepare_token_{plan_id}"
-
-
-def _plan_path(plan_id: int) -> str:
-    return reverse("replays:plan-detail", args=[plan_id])
-
-
-def _token_from_cookie(request: HttpRequest, plan_id: int) -> str | None:
-    return request.get_signed_cookie(
-        _token_cookie(plan_id),
-        default=None,
-        salt=TOKEN_COOKIE_SALT,
-        max_age=settings.REPLAYS_PREPARE_TOKEN_SECONDS,
-    )
+# the plan's pages.
+PLAN_TOKEN = TokenCookie("prepare_token_", "replays.prepare-token", "replays:plan-detail")
 
 
 # --- Plans ---------------------------------------------------------------------------------
@@ -57,16 +38,7 @@ def after_prepare(request: HttpRequest, prepared: planning.PreparedPlan) -> Http
     plan = prepared.plan
     response = redirect("replays:plan-detail", pk=plan.pk)
     if prepared.prepare_token is not None:
-        response.set_signed_cookie(
-            _token_cookie(plan.pk),
-            prepared.prepare_token,
-            salt=TOKEN_COOKIE_SALT,
-            max_age=settings.REPLAYS_PREPARE_TOKEN_SECONDS,
-            path=_plan_path(plan.pk),
-            secure=request.is_secure(),
-            httponly=True,
-            samesite="Strict",
-        )
+        PLAN_TOKEN.give(request, response, plan.pk, prepared.prepare_token)
     return response
 
 
@@ -197,7 +169,7 @@ def _plan_page(
         "ready": ready,
         "estimate": estimate,
         "expired": plan.is_expired,
-        "has_token": _token_from_cookie(request, plan.pk) is not None,
+        "has_token": PLAN_TOKEN.read(request, plan.pk) is not None,
         "error": error,
         "answer_form": answer_form,
     }
@@ -241,7 +213,7 @@ def plan_prepare_again(request: HttpRequest, pk: int) -> HttpResponse:
 @require_POST
 def plan_approve(request: HttpRequest, pk: int) -> HttpResponse:
     plan = get_object_or_404(Plan.objects.visible_to(request.user), pk=pk)
-    token = _token_from_cookie(request, plan.pk)
+    token = PLAN_TOKEN.read(request, plan.pk)
     if token is None:
         batch = plan.batch
         if batch is not None:
@@ -272,6 +244,5 @@ def plan_approve(request: HttpRequest, pk: int) -> HttpResponse:
         runs = len(result.runs)
         messages.success(request, f"Approved: {runs} run{pluralize(runs)} queued.")
     response = redirect(result.batch)
-    # Single use: the browser has no more need for the token.
-    response.delete_cookie(_token_cookie(plan.pk), path=_plan_path(plan.pk), samesite="Strict")
+    PLAN_TOKEN.forget(response, plan.pk)
     return response

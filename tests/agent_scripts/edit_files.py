@@ -27,7 +27,7 @@ print(f"Read a request of {len(request)} characters.", flush=True)
 workspace = Path.cwd()
 (workspace / "app.py").write_text('def greet(name):\n    return "Hi " + name\n')
 (workspace / "CHANGES.md").write_text("Greeting shortened.\n")
-(workspace / "obsolete.txt").unlink()
+(workspace / "obsolete.txt").unlink(missing_ok=True)
 print("Edited app.py, added CHANGES.md, removed obsolete.txt.", flush=True)
 
 usage_file = Path(os.environ["REPLAYS_USAGE_FILE"])

@@ -14,7 +14,7 @@ from django.core.management.base import CommandParser
 
 from replays import importing
 from replays.management.base import ReplaysCommand
-from replays.models import Batch, Thread
+from replays.models import Batch, Campaign, Thread
 
 SAMPLES = settings.BASE_DIR / "tests" / "fixtures" / "transcripts" / "real"
 SAMPLE_BUNDLE = settings.BASE_DIR / "tests" / "fixtures" / "repos" / "sample.bundle"
@@ -34,8 +34,9 @@ class Command(ReplaysCommand):
         parser.add_argument(
             "--no-replay",
             action="store_true",
-            help="Do not replay the sample thread (by default it is replayed once, with the "
-            "two calibration baselines judged by the sample's own tests).",
+            help="Do not replay the sample thread or run the sample campaign (by default the "
+            "thread is replayed once, and a campaign runs over the samples' last requests, "
+            "with the two calibration baselines judged by the sample's own tests).",
         )
 
     def handle(self, *args: Any, username: str, samples: Path, url: str, **options: Any) -> None:
@@ -82,6 +83,16 @@ class Command(ReplaysCommand):
             self.stdout.write("Replaying the sample thread with the calibration baselines…")
             # The same command a user runs; it dispatches itself, so no cluster is needed.
             call_command(*replay, stdout=self.stdout, stderr=self.stderr)
+        if options["no_replay"] or Campaign.objects.filter(owner=user).exists():
+            return
+        self.stdout.write(
+            "A campaign over the samples' last gradable requests, with the baselines…"
+        )
+        call_command(
+            *self.sample_campaign(thread, repository, username),
+            stdout=self.stdout,
+            stderr=self.stderr,
+        )
 
     def sample_replay(self, thread: Thread, repository: Path, username: str) -> list[str]:
         """`replay` of the sample thread's first request with `historical` and `empty`,
@@ -93,6 +104,19 @@ class Command(ReplaysCommand):
             "--model", "historical", "--model", "empty",
             "--repository", str(repository), "--verify-command", verify,
             "--evaluator", "tests", "--user", username, "--yes", "--wait",
+        ]  # fmt: skip
+
+    def sample_campaign(self, thread: Thread, repository: Path, username: str) -> list[str]:
+        """`campaign` over the samples' last three gradable requests (their tests see their
+        change) with `historical` and `empty`, judged by the sample's own tests, so the
+        calibration is checked: the sessions were recorded in a folder this machine does
+        not have, so the clone is said to be where it is."""
+        verify = f"{sys.executable} -m pytest -q -p no:cacheprovider --junitxml={{junit_xml}}"
+        return [
+            "campaign", "--last", "3", "--gradable-only", "--model", "historical",
+            "--model", "empty",
+            "--evaluator", "tests", "--clone", f"{thread.cwd}={repository}",
+            "--verify-command", f"{repository}={verify}", "--user", username, "--yes", "--wait",
         ]  # fmt: skip
 
     def sample_repository(self) -> Path | None:

@@ -1,0 +1,131 @@
+"""A repository's commits held in memory, to answer the questions prepare asks of git
+(the commits of a branch before a moment in git's --date-order, ancestry, the
+descendants of a commit on some branches) without a git process per question: for a
+campaign's scan, which asks them for thousands of requests of the same repositories.
+
+Read once with two git commands (every commit reachable from a ref or HEAD with its
+time, parents and subject; the refs), then plain Python. Where git's answer could differ
+from this one (commits of one branch made in the same second, so the order between them
+is git's own choice), the caller is told to ask git instead (`None`).
+
+Plain Python (ground): no ORM, no replays module but the caller's git runner.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+# git's answer to `log -z --format=%H%x1f%ct%x1f%P%x1f%s --all` and to `for-each-ref`.
+LOG_ARGS = ["-c", "core.quotepath=off", "log", "-z", "--all", "--format=%H%x1f%ct%x1f%P%x1f%s"]
+REFS_ARGS = ["for-each-ref", "--format=%(refname)%00%(objectname)%00%(objecttype)"]
+
+
+@dataclass(frozen=True)
+class Node:
+    seconds: int  # committer time
+    parents: tuple[str, ...]
+    subject: bytes
+
+
+@dataclass
+class Graph:
+    nodes: dict[str, Node]
+    refs: dict[str, str]  # full ref name -> commit (only refs that name a commit)
+    _orders: dict[tuple[str, ...], list[str]] = field(default_factory=dict)
+    _children: dict[str, list[str]] | None = None
+    _descendants: dict[str, frozenset[str]] = field(default_factory=dict)
+
+    @classmethod
+    def read(cls, run: Callable[[list[str]], bytes]) -> Graph:
+        """`run(args)` runs git in the repository and returns its stdout."""
+        nodes: dict[str, Node] = {}
+        for record in run(LOG_ARGS).split(b"\0"):
+            record = record.lstrip(b"\n")
+            if not record.strip():
+                continue
+            sha, seconds, parents, subject = record.split(b"\x1f", 3)
+            nodes[sha.decode("ascii")] = Node(
+                int(seconds), tuple(p.decode("ascii") for p in parents.split()), subject
+            )
+        refs = {}
+        for line in run(REFS_ARGS).splitlines():
+            name, _, rest = line.partition(b"\0")
+            target, _, kind = rest.partition(b"\0")
+            if kind == b"commit":
+                refs[name.decode("utf-8", "surrogateescape")] = target.decode("ascii")
+        return cls(nodes=nodes, refs=refs)
+
+    def commit_of(self, ref: str) -> str | None:
+        """A full sha known here, or a full ref name; None: ask git."""
+        if ref in self.nodes:
+            return ref
+        return self.refs.get(ref)
+
+    def date_order(self, refs: Iterable[str]) -> list[str] | None:
+        """Every commit reachable from `refs` in git's --date-order: no parent before all
+        its children (among these commits), otherwise newest first. None when two commits
+        of the same second could come in either order (git decides: ask it)."""
+        tips = tuple(sorted(set(refs)))
+        if tips in self._orders:
+            return self._orders[tips]
+        starts = [self.commit_of(ref) for ref in tips]
+        if any(start is None for start in starts):
+            return None
+        reachable = self._reachable(start for start in starts if start is not None)
+        waiting = dict.fromkeys(reachable, 0)
+        for sha in reachable:
+            for parent in self.nodes[sha].parents:
+                if parent in waiting:
+                    waiting[parent] += 1
+        ready = [(-self.nodes[sha].seconds, sha) for sha, count in waiting.items() if not count]
+        heapq.heapify(ready)
+        order: list[str] = []
+        while ready:
+            seconds, sha = heapq.heappop(ready)
+            if ready and ready[0][0] == seconds:
+                return None  # two ready commits of one second: git's order is its own
+            order.append(sha)
+            for parent in self.nodes[sha].parents:
+                if parent in waiting:
+                    waiting[parent] -= 1
+                    if not waiting[parent]:
+                        heapq.heappush(ready, (-self.nodes[parent].seconds, parent))
+        self._orders[tips] = order
+        return order
+
+    def _reachable(self, starts: Iterable[str]) -> set[str]:
+        seen: set[str] = set()
+        stack = [sha for sha in starts if sha in self.nodes]
+        while stack:
+            sha = stack.pop()
+            if sha in seen:
+                continue
+            seen.add(sha)
+            stack.extend(parent for parent in self.nodes[sha].parents if parent in self.nodes)
+        return seen
+
+    def is_ancestor(self, ancestor: str, descendant: str) -> bool | None:
+        """git merge-base --is-ancestor; None when either is unknown here."""
+        if ancestor not in self.nodes or descendant not in self.nodes:
+            return None
+        return descendant in self.descendants(ancestor) or ancestor == descendant
+
+    def descendants(self, sha: str) -> frozenset[str]:
+        """Every commit known here that has `sha` among its ancestors (not itself)."""
+        if sha not in self._descendants:
+            if self._children is None:
+                self._children = {}
+                for child, node in self.nodes.items():
+                    for parent in node.parents:
+                        self._children.setdefault(parent, []).append(child)
+            seen: set[str] = set()
+            stack = list(self._children.get(sha, []))
+            while stack:
+                child = stack.pop()
+                if child not in seen:
+                    seen.add(child)
+                    stack.extend(self._children.get(child, []))
+            self._descendants[sha] = frozenset(seen)
+        return self._descendants[sha]
