@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('replays', '0016_diff_cut'),
+        ('replays', '0017_campaigns'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
