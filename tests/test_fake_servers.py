@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import NODE_BIN, require_tool
 from tests.fakes import anthropic_server, gemini_server, openai_server
 from tests.fakes.anthropic_server import AnthropicServer
 from tests.fakes.gemini_server import GeminiServer
@@ -21,7 +22,6 @@ from tests.fakes.openai_server import OpenAIServer
 from tests.fakes.scripting import Hang, HttpError, Text, ToolCall, Usage, shell
 
 ROOT = Path(__file__).resolve().parents[1]
-NODE_BIN = ROOT / "tests" / "node" / "node_modules" / ".bin"
 
 BASH_TOOL = {
     "name": "Bash",
@@ -386,10 +386,8 @@ def test_servers_run_as_modules_and_print_their_url() -> None:
 
 
 def cli(name: str) -> str:
-    path = NODE_BIN / name
-    if not path.exists():
-        pytest.skip(f"{name} is not installed: run `npm ci` in tests/node")
-    return str(path)
+    """The pinned CLI `name`; skipped when missing, a failure in CI (REPLAYS_REQUIRE_TOOLS=1)."""
+    return str(require_tool(NODE_BIN / name, "make node"))
 
 
 def test_claude_code_runs_a_shell_command_against_the_fake_server(tmp_path: Path) -> None:
