@@ -71,6 +71,16 @@ def approve_plan(
     return _create_batch(plan, _unchanged_inputs(plan))
 
 
+def offered_token_hash(prepare_token: str) -> str:
+    """The sha256 of a prepare token of the right shape; "" for anything else (never matches)."""
+    return planning.hash_token(prepare_token) if TOKEN_SHAPE.fullmatch(prepare_token) else ""
+
+
+def token_matches(offered_hash: str, stored_hash: str) -> bool:
+    """Whether an offered token's hash is the stored one (compared in constant time)."""
+    return bool(offered_hash) and hmac.compare_digest(offered_hash, stored_hash)
+
+
 def _plan_of_token(plan_id: int, user: AbstractBaseUser, prepare_token: Any) -> Plan:
     """The plan, when the token is its own (only its sha256 is stored)."""
     if not isinstance(prepare_token, str) or not prepare_token:
@@ -80,8 +90,8 @@ def _plan_of_token(plan_id: int, user: AbstractBaseUser, prepare_token: Any) -> 
         raise ApprovalError(
             f"Plan {plan_id} not found.", code="not_found", kind=ErrorKind.NOT_FOUND
         )
-    token_hash = planning.hash_token(prepare_token) if TOKEN_SHAPE.fullmatch(prepare_token) else ""
-    if not token_hash or not hmac.compare_digest(token_hash, plan.token_hash):
+    token_hash = offered_token_hash(prepare_token)
+    if not token_matches(token_hash, plan.token_hash):
         if token_hash and Plan.objects.filter(token_hash=token_hash).exists():
             raise ApprovalError(
                 "This prepare token belongs to another plan.",

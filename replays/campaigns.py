@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from datetime import date, timedelta
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
@@ -63,6 +63,9 @@ from replays.models import (
 )
 from replays.runspec import DEFAULT_TEST_PATHS
 from replays.transcripts.base import TokenUsage
+
+if TYPE_CHECKING:
+    from replays.evaluation.review import ReviewKey
 
 # How many requests a campaign selects at most, and scans by default and at most.
 MAX_SELECTED = 500
@@ -534,35 +537,34 @@ def known_gradability(candidate: Candidate) -> tuple[bool | None, str]:
     return gradability_of(review)
 
 
-def _tests_review(candidate: Candidate) -> Review | None:
+def _tests_key(candidate: Candidate) -> ReviewKey:
+    """The key of the request's shared review by `tests` (the one every batch would use)."""
     from replays.evaluation.review import ReviewKey
 
     prep = candidate.preparation
     assert prep is not None
-    key = ReviewKey(
+    return ReviewKey(
         thread_id=candidate.thread.pk, start_message_uuid=prep.start_message_uuid,
         end_message_uuid=prep.end_message_uuid, baseline_commit=prep.baseline_commit,
         ending_commit=prep.ending_commit, historical_result_sha256=prep.historical_result_sha256,
         evaluator=evaluators.TESTS, verify_command=candidate.verify_command,
         test_paths=DEFAULT_TEST_PATHS,
     )  # fmt: skip
+
+
+def _tests_review(candidate: Candidate) -> Review | None:
+    key = _tests_key(candidate)
     return Review.objects.filter(**key.lookup()).exclude(status=ReviewStatus.PENDING).first()
 
 
 def check_gradability(candidate: Candidate, *, tick: Callable[[], None]) -> None:
     """Run the request's historical tests now (the shared review by `tests`: sandboxed,
     no model, free) and record whether it is gradable."""
-    from replays.evaluation.review import ReviewInputs, ReviewKey, obtain_review
+    from replays.evaluation.review import ReviewInputs, obtain_review
 
     prep = candidate.preparation
     assert prep is not None
-    key = ReviewKey(
-        thread_id=candidate.thread.pk, start_message_uuid=prep.start_message_uuid,
-        end_message_uuid=prep.end_message_uuid, baseline_commit=prep.baseline_commit,
-        ending_commit=prep.ending_commit, historical_result_sha256=prep.historical_result_sha256,
-        evaluator=evaluators.TESTS, verify_command=candidate.verify_command,
-        test_paths=DEFAULT_TEST_PATHS,
-    )  # fmt: skip
+    key = _tests_key(candidate)
     inputs = ReviewInputs(
         repository=Path(prep.repository), request=prep.request,
         timeout_seconds=float(settings.REPLAYS_DEFAULT_TIMEOUT_SECONDS),
@@ -932,10 +934,7 @@ def _campaign_of_token(campaign_id: int, user: AbstractBaseUser, prepare_token: 
         raise CampaignApprovalError(
             f"Campaign {campaign_id} not found.", code="not_found", kind=ErrorKind.NOT_FOUND
         )
-    token_hash = (
-        planning.hash_token(prepare_token) if approval.TOKEN_SHAPE.fullmatch(prepare_token) else ""
-    )
-    if not token_hash or not secrets.compare_digest(token_hash, campaign.token_hash):
+    if not approval.token_matches(approval.offered_token_hash(prepare_token), campaign.token_hash):
         raise CampaignApprovalError(
             "Unknown prepare token.", code="unknown_token", kind=ErrorKind.NOT_ALLOWED
         )

@@ -29,7 +29,7 @@ from replays.evaluation import checks, judge
 from replays.evaluation import leaderboard as leaderboards
 from replays.evaluation import report as reports
 from replays.evaluation.review import ReviewInputs, ReviewKey, obtain_review
-from replays.factories.leaderboard import seed
+from replays.factories.leaderboard import REPOSITORY, seed
 from replays.factories.runs import make_git_repo, make_run_graph
 from replays.models import Report, ReportStatus, Review, Run, RunPhase, RunStatus
 
@@ -143,6 +143,26 @@ def test_a_run_judged_twice_counts_once_by_its_current_report(user: User) -> Non
     board = leaderboards.leaderboard(user=user, filters=leaderboards.Filters())
     [row] = board.rows
     assert (row.n, row.wins, row.losses) == (1, 1, 0)
+
+
+@pytest.mark.django_db
+def test_the_filters_choices_count_only_current_reports_when_a_filter_narrows(user: User) -> None:
+    """The choices are worked out apart when a run filter is set: a retired judgment by
+    another evaluator must offer neither its evaluator nor its version, nor count twice."""
+    seeded = seed(user, {"codex:m": [("win", 0.9)]})
+    [run] = seeded.runs["codex:m"]
+    Report.objects.create(
+        run=run, status=ReportStatus.JUDGED, is_current=False, winner="historical",
+        score_historical=1.0, score_replay=0.2, evaluator="judge:old", prompt_version="v0",
+        context="cold", finished_at=timezone.now(),
+    )  # fmt: skip
+    unfiltered = leaderboards.leaderboard(user=user, filters=leaderboards.Filters()).choices
+    filtered = leaderboards.leaderboard(
+        user=user, filters=leaderboards.Filters(repository=REPOSITORY)
+    ).choices
+    assert [(choice.value, choice.count) for choice in filtered.evaluators] == [("tests", 1)]
+    assert [(choice.value, choice.count) for choice in filtered.prompt_versions] == [("v1", 1)]
+    assert filtered == unfiltered
 
 
 # --- what n counts, a second way -------------------------------------------------------------
