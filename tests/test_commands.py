@@ -99,7 +99,7 @@ def test_setup_demo_lands_on_a_finished_judged_replay_once(
     import subprocess
     import sys
 
-    from replays.models import Batch
+    from replays.models import Batch, Campaign
 
     manage = Path(__file__).resolve().parent.parent / "manage.py"
     env = {**process_env, "REPLAYS_VAR_DIR": str(tmp_path / "var"),
@@ -109,7 +109,8 @@ def test_setup_demo_lands_on_a_finished_judged_replay_once(
         timeout=180, stdin=subprocess.DEVNULL,
     )  # fmt: skip
     assert first.returncode == 0, first.stdout + first.stderr
-    [batch] = Batch.objects.all()
+    # The sample thread's replay; the sample campaign's batches come after it.
+    [batch] = Batch.objects.filter(campaign__isnull=True)
     runs = {run.model: run for run in batch.runs.all()}
     assert {run.status for run in runs.values()} == {"completed"}
     assert runs["historical"].current_report.winner == "tie"
@@ -121,7 +122,8 @@ def test_setup_demo_lands_on_a_finished_judged_replay_once(
         timeout=120, stdin=subprocess.DEVNULL,
     )  # fmt: skip
     assert again.returncode == 0 and "replayed already" in again.stdout
-    assert Batch.objects.count() == 1
+    assert Batch.objects.filter(campaign__isnull=True).count() == 1
+    assert Campaign.objects.count() == 1  # the sample campaign ran once too
 
 
 def test_text_from_transcripts_cannot_drive_the_terminal(tmp_path: Path, var_dir: Path) -> None:
