@@ -26,7 +26,7 @@ from decimal import Decimal
 from pathlib import Path, PurePosixPath
 from typing import Any, BinaryIO, ClassVar, Protocol
 
-from replays.agents.problems import UNKNOWN, Login, SetupProblem
+from replays.agents.problems import UNKNOWN, Login, SetupKind, SetupProblem
 
 # Text helpers live with the processes whose output they clean (plain Python, no Django).
 from replays.processes import (
@@ -324,6 +324,18 @@ def sandbox_refusal(outputs: list[str]) -> str:
         f"{'its one command' if count == 1 else f'all {count} commands'} failed in a "
         f"sandbox before running: {reasons[0]}"
     )
+
+
+def fail_if_sandbox_refused(outcome: AgentOutcome, outputs: list[str], *, tool: str) -> None:
+    """Fail the outcome as setup (SetupKind.SANDBOX) when every command the agent ran was
+    refused by a sandbox (`sandbox_refusal`); an error it already had stays first."""
+    refused = sandbox_refusal(outputs)
+    if refused:
+        outcome.failed = True
+        outcome.setup = SetupProblem(
+            SetupKind.SANDBOX, f"{tool} could not run any command: {refused}"
+        )
+        outcome.error = outcome.error or outcome.setup.words
 
 
 def error_from_log(path: Path) -> str:

@@ -76,6 +76,7 @@ from replays.agents.base import (
     check_program_entry,
     check_seed_files,
     copy_seed_files,
+    fail_if_sandbox_refused,
     first_lines,
     json_event,
     judge_answer_from,
@@ -90,7 +91,6 @@ from replays.agents.base import (
     remove_seed_files,
     render_event_stream,
     run_environment,
-    sandbox_refusal,
     seed_files_unavailable_reason,
     task_json,
 )
@@ -395,13 +395,7 @@ class ClaudeCodeAgent(ConfiguredAgent):
         outcome.stopped_at_cap = (
             context.cost_cap_usd is not None and summary.result.get("subtype") == MAX_BUDGET_SUBTYPE
         )
-        refused = sandbox_refusal(summary.shell_outputs)
-        if refused:
-            outcome.failed = True
-            outcome.setup = SetupProblem(
-                SetupKind.SANDBOX, f"Claude Code could not run any command: {refused}"
-            )
-            outcome.error = outcome.error or outcome.setup.words
+        fail_if_sandbox_refused(outcome, summary.shell_outputs, tool="Claude Code")
         return outcome, summary
 
     def _outcome_without_result(self, context: RunContext, summary: StreamSummary) -> AgentOutcome:

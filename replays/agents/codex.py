@@ -60,6 +60,7 @@ from replays.agents.base import (
     check_program_entry,
     check_seed_files,
     copy_seed_files,
+    fail_if_sandbox_refused,
     first_lines,
     json_event,
     judge_answer_from,
@@ -74,7 +75,6 @@ from replays.agents.base import (
     remove_seed_files,
     render_event_stream,
     run_environment,
-    sandbox_refusal,
     seed_files_unavailable_reason,
     task_json,
     write_private,
@@ -331,15 +331,8 @@ class CodexAgent(ConfiguredAgent):
             )
         if outcome.failed or exit_code != 0:
             outcome.setup = setup_problem(outcome.error, events)
-        refused = sandbox_refusal(
-            _turn_tool_outputs(context, events.thread_id) or events.command_outputs
-        )
-        if refused:
-            outcome.failed = True
-            outcome.setup = SetupProblem(
-                SetupKind.SANDBOX, f"Codex could not run any command: {refused}"
-            )
-            outcome.error = outcome.error or outcome.setup.words
+        outputs = _turn_tool_outputs(context, events.thread_id) or events.command_outputs
+        fail_if_sandbox_refused(outcome, outputs, tool="Codex")
         return outcome
 
     def render_log(self, text: str) -> str:

@@ -70,6 +70,7 @@ from replays.agents.base import (
     check_program_entry,
     check_seed_files,
     copy_seed_files,
+    fail_if_sandbox_refused,
     first_lines,
     json_event,
     judge_answer_from,
@@ -84,7 +85,6 @@ from replays.agents.base import (
     remove_seed_files,
     render_event_stream,
     run_environment,
-    sandbox_refusal,
     seed_files_unavailable_reason,
     task_json,
     write_private,
@@ -184,7 +184,9 @@ class GeminiAgent(ConfiguredAgent):
         if not isinstance(entry.get("settings", {}), Mapping):
             raise ValueError("'settings' must be a JSON object (merged into .gemini/settings.json)")
         if entry.get("discover_models"):
-            raise ValueError("'discover_models': Gemini CLI does not list its models (name them in 'models')")
+            raise ValueError(
+                "'discover_models': Gemini CLI does not list its models (name them in 'models')"
+            )
         seeds = check_seed_files(entry, home="the run's HOME")
         if SETTINGS_FILE in seeds:
             raise ValueError(f"give {SETTINGS_FILE} as 'settings', not in 'seed_files'")
@@ -350,13 +352,7 @@ class GeminiAgent(ConfiguredAgent):
             outcome.setup = setup_problem(outcome.error, tail)
             if not events.error and outcome.setup is not None:
                 outcome.error = outcome.setup.words
-        refused = sandbox_refusal(events.shell_outputs)
-        if refused:
-            outcome.failed = True
-            outcome.setup = SetupProblem(
-                SetupKind.SANDBOX, f"Gemini CLI could not run any command: {refused}"
-            )
-            outcome.error = outcome.error or outcome.setup.words
+        fail_if_sandbox_refused(outcome, events.shell_outputs, tool="Gemini CLI")
         return outcome
 
     def render_log(self, text: str) -> str:

@@ -75,6 +75,7 @@ from replays.agents.base import (
     check_program_entry,
     check_seed_files,
     copy_seed_files,
+    fail_if_sandbox_refused,
     first_lines,
     json_event,
     judge_answer_from,
@@ -89,7 +90,6 @@ from replays.agents.base import (
     remove_seed_files,
     render_event_stream,
     run_environment,
-    sandbox_refusal,
     seed_files_unavailable_reason,
 )
 from replays.agents.problems import (
@@ -365,13 +365,7 @@ class OpenCodeAgent(ConfiguredAgent):
             outcome.setup = setup_problem(events, tail)
             if outcome.setup is not None and events.error_name == "UnknownError":
                 outcome.error = outcome.setup.words  # its own words say no more than "Unexpected"
-        refused = sandbox_refusal(events.shell_outputs)
-        if refused:
-            outcome.failed = True
-            outcome.setup = SetupProblem(
-                SetupKind.SANDBOX, f"OpenCode could not run any command: {refused}"
-            )
-            outcome.error = outcome.error or outcome.setup.words
+        fail_if_sandbox_refused(outcome, events.shell_outputs, tool="OpenCode")
         return outcome
 
     def render_log(self, text: str) -> str:

@@ -70,6 +70,7 @@ from replays.agents.base import (
     check_program_entry,
     check_seed_files,
     copy_seed_files,
+    fail_if_sandbox_refused,
     first_lines,
     json_event,
     judge_answer_from,
@@ -83,7 +84,6 @@ from replays.agents.base import (
     remove_seed_files,
     render_event_stream,
     run_environment,
-    sandbox_refusal,
     seed_files_unavailable_reason,
     write_private,
 )
@@ -354,13 +354,7 @@ class PiAgent(ConfiguredAgent):
             outcome.error = readable_tail(self.render_log(tail))
         if outcome.failed or exit_code != 0:
             outcome.setup = setup_problem(outcome.error, tail)
-        refused = sandbox_refusal(events.shell_outputs)
-        if refused:
-            outcome.failed = True
-            outcome.setup = SetupProblem(
-                SetupKind.SANDBOX, f"pi could not run any command: {refused}"
-            )
-            outcome.error = outcome.error or outcome.setup.words
+        fail_if_sandbox_refused(outcome, events.shell_outputs, tool="pi")
         return outcome
 
     def render_log(self, text: str) -> str:
