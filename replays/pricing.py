@@ -18,9 +18,9 @@ each request is priced by its own input.
 
 Model ids are matched as ccusage matches them: exactly; an OpenRouter ``:free`` id (and an
 OpenCode Zen ``-free`` one, which ccusage prices) costs nothing; then without a provider
-prefix or a dated or versioned suffix; then the entry of the same model under any provider ("glm-5.1" -> "zai/glm-5.1"), or of the model the id
-extends ("claude-opus-4-6-thinking" -> "claude-opus-4-6", but never "claude-opus-4-6" ->
-"claude-opus-4"). ``PriceTable.match`` says which entry priced a model.
+prefix or a dated or versioned suffix; then the entry of the same model under any provider
+("glm-5.1" -> "zai/glm-5.1"), or of the model the id extends ("claude-opus-4-6-thinking"
+-> "claude-opus-4-6", but never "claude-opus-4-6" -> "claude-opus-4"). ``PriceTable.match`` says which entry priced a model.
 """
 
 from __future__ import annotations
