@@ -198,11 +198,15 @@ def test_a_verify_command_climbing_out_of_its_worktree_finds_no_project_around_i
         if line.startswith("FOUND ")
     ]
     workspace = Path(run.workspace_path)
+    # What tests/settings.py shows read-only (this checkout's .venv, its agent scripts):
+    # the folders on the way down to them are seen, wherever the checkout lies.
+    shown = [Path(path) for path in django_settings.REPLAYS_SANDBOX_READ_ONLY_PATHS]
     for path in map(Path, found):
         # Only folders on the way down to its own run, its run's own files, the repository's
-        # git folder (what git needs), the system.
+        # git folder (what git needs), to what is shown read-only, the system.
         on_the_way = path in workspace.parents or path.parent == workspace.parent
-        assert on_the_way or path == world.repo or path.parent == Path("/"), path
+        to_shown = any(path == folder or path in folder.parents for folder in shown)
+        assert on_the_way or to_shown or path == world.repo or path.parent == Path("/"), path
     assert "REPOSITORY .git" in run.tree_tests["output_tail"].splitlines()
     assert not any(path.endswith("pyproject.toml") for path in found)
     assert not any("run-999999" in path for path in found)
