@@ -400,6 +400,27 @@ def run_environment(entry: Mapping[str, Any]) -> dict[str, str]:
     return env
 
 
+class ProgramAgent(ConfiguredAgent):
+    """An agent kind that is one installed program (the entry's `binary`, else the kind's
+    `default_binary`) whose runs get the entry's seed files in a HOME of their own."""
+
+    default_binary: ClassVar[str]
+    model: str
+
+    @classmethod
+    def unavailable_reason(cls, entry: Mapping[str, Any]) -> str:
+        binary = entry.get("binary", cls.default_binary)
+        reason = program_unavailable_reason(binary, entry.get("env"))
+        return reason or seed_files_unavailable_reason(entry.get("seed_files", {}), home="HOME")
+
+    @classmethod
+    def version(cls, entry: Mapping[str, Any]) -> str:
+        return program_version(entry.get("binary", cls.default_binary), entry.get("env"))
+
+    def judge_cleanup(self, task: JudgeTask) -> None:
+        self.cleanup(judge_context(task, self.model))
+
+
 def program_unavailable_reason(program: str, env: Mapping[str, str] | None = None) -> str:
     """Why `program` (a path, or a name looked up on PATH) cannot be started ("" when it can)."""
     search_path = (env or {}).get("PATH") or os.environ.get("PATH", os.defpath)

@@ -67,10 +67,10 @@ from replays.agents import problems
 from replays.agents.base import (
     AgentOutcome,
     AgentSetupError,
-    ConfiguredAgent,
     Invocation,
     JudgeAnswer,
     JudgeTask,
+    ProgramAgent,
     RunContext,
     absurd_usage,
     check_program_entry,
@@ -83,15 +83,12 @@ from replays.agents.base import (
     judge_context,
     log_lines,
     plain_text,
-    program_unavailable_reason,
-    program_version,
     read_tail,
     read_untrusted,
     readable_tail,
     remove_seed_files,
     render_event_stream,
     run_environment,
-    seed_files_unavailable_reason,
     task_json,
 )
 from replays.agents.problems import (
@@ -171,7 +168,8 @@ _ONE_ARGUMENT_TOOLS = {
 }
 
 
-class ClaudeCodeAgent(ConfiguredAgent):
+class ClaudeCodeAgent(ProgramAgent):
+    default_binary: ClassVar[str] = DEFAULT_BINARY
     kind: ClassVar[str] = "claude_code"
     can_judge: ClassVar[bool] = True
     keeps_session: ClassVar[bool] = True
@@ -235,15 +233,6 @@ class ClaudeCodeAgent(ConfiguredAgent):
                 f"'max_budget_usd' must be a positive number of dollars, not {budget!r}"
             )
         check_seed_files(entry, home="the run's HOME")
-
-    @classmethod
-    def unavailable_reason(cls, entry: Mapping[str, Any]) -> str:
-        reason = program_unavailable_reason(entry.get("binary", DEFAULT_BINARY), entry.get("env"))
-        return reason or seed_files_unavailable_reason(entry.get("seed_files", {}), home="HOME")
-
-    @classmethod
-    def version(cls, entry: Mapping[str, Any]) -> str:
-        return program_version(entry.get("binary", DEFAULT_BINARY), entry.get("env"))
 
     @classmethod
     def login(cls, entry: Mapping[str, Any]) -> Login:
@@ -467,9 +456,6 @@ class ClaudeCodeAgent(ConfiguredAgent):
         return judge_answer_from(
             outcome, exit_code=exit_code, reply=structured_reply(summary.result or {})
         )
-
-    def judge_cleanup(self, task: JudgeTask) -> None:
-        self.cleanup(judge_context(task, self.model))
 
 
 # What gives Claude Code a login (besides a login file in its home).

@@ -51,10 +51,10 @@ from replays.agents import problems
 from replays.agents.base import (
     AgentOutcome,
     AgentSetupError,
-    ConfiguredAgent,
     Invocation,
     JudgeAnswer,
     JudgeTask,
+    ProgramAgent,
     RunContext,
     absurd_usage,
     check_program_entry,
@@ -69,7 +69,6 @@ from replays.agents.base import (
     open_untrusted,
     plain_text,
     program_unavailable_reason,
-    program_version,
     read_tail,
     readable_tail,
     remove_seed_files,
@@ -112,7 +111,8 @@ _RETRY_PREFIX = "Reconnecting..."
 _SHELLS = frozenset({"bash", "sh", "zsh", "dash"})
 
 
-class CodexAgent(ConfiguredAgent):
+class CodexAgent(ProgramAgent):
+    default_binary: ClassVar[str] = DEFAULT_BINARY
     kind: ClassVar[str] = "codex"
     can_judge: ClassVar[bool] = True
     keeps_session: ClassVar[bool] = True
@@ -190,10 +190,6 @@ class CodexAgent(ConfiguredAgent):
             '"seed_files": {"auth.json": "~/.codex/auth.json"} or the key in "env" to the '
             "agent in REPLAYS_AGENTS_FILE.",
         )
-
-    @classmethod
-    def version(cls, entry: Mapping[str, Any]) -> str:
-        return program_version(entry.get("binary", DEFAULT_BINARY), entry.get("env", {}))
 
     @classmethod
     def from_entry(cls, name: str, entry: Mapping[str, Any], model: str) -> CodexAgent:
@@ -359,9 +355,6 @@ class CodexAgent(ConfiguredAgent):
             answer_file=task.folder / ANSWER_FILE,
             reply=outcome.final_message,
         )
-
-    def judge_cleanup(self, task: JudgeTask) -> None:
-        self.cleanup(judge_context(task, self.model))
 
 
 # --- the event stream ------------------------------------------------------------------

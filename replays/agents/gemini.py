@@ -58,10 +58,10 @@ from replays.agents import problems
 from replays.agents.base import (
     AgentOutcome,
     AgentSetupError,
-    ConfiguredAgent,
     Invocation,
     JudgeAnswer,
     JudgeTask,
+    ProgramAgent,
     RunContext,
     absurd_usage,
     answer_text,
@@ -78,14 +78,11 @@ from replays.agents.base import (
     log_lines,
     merged_json,
     plain_text,
-    program_unavailable_reason,
-    program_version,
     read_tail,
     readable_tail,
     remove_seed_files,
     render_event_stream,
     run_environment,
-    seed_files_unavailable_reason,
     task_json,
     write_private,
 )
@@ -143,7 +140,8 @@ MESSAGE_LINES = 12
 LINE_CHARS = 300
 
 
-class GeminiAgent(ConfiguredAgent):
+class GeminiAgent(ProgramAgent):
+    default_binary: ClassVar[str] = DEFAULT_BINARY
     kind: ClassVar[str] = "gemini"
     can_judge: ClassVar[bool] = True
     keeps_session: ClassVar[bool] = True
@@ -190,15 +188,6 @@ class GeminiAgent(ConfiguredAgent):
         seeds = check_seed_files(entry, home="the run's HOME")
         if SETTINGS_FILE in seeds:
             raise ValueError(f"give {SETTINGS_FILE} as 'settings', not in 'seed_files'")
-
-    @classmethod
-    def unavailable_reason(cls, entry: Mapping[str, Any]) -> str:
-        reason = program_unavailable_reason(entry.get("binary", DEFAULT_BINARY), entry.get("env"))
-        return reason or seed_files_unavailable_reason(entry.get("seed_files", {}), home="HOME")
-
-    @classmethod
-    def version(cls, entry: Mapping[str, Any]) -> str:
-        return program_version(entry.get("binary", DEFAULT_BINARY), entry.get("env"))
 
     @classmethod
     def login(cls, entry: Mapping[str, Any]) -> Login:
@@ -389,9 +378,6 @@ class GeminiAgent(ConfiguredAgent):
         return judge_answer_from(
             outcome, exit_code=exit_code, reply=answer_text(outcome.final_message)
         )
-
-    def judge_cleanup(self, task: JudgeTask) -> None:
-        self.cleanup(judge_context(task, self.model))
 
 
 def _session_argument(session_id: str) -> str:

@@ -63,10 +63,10 @@ from replays.agents.base import (
     VERSION_TIMEOUT_SECONDS,
     AgentOutcome,
     AgentSetupError,
-    ConfiguredAgent,
     Invocation,
     JudgeAnswer,
     JudgeTask,
+    ProgramAgent,
     RunContext,
     absurd_usage,
     answer_text,
@@ -83,14 +83,11 @@ from replays.agents.base import (
     log_lines,
     merged_json,
     plain_text,
-    program_unavailable_reason,
-    program_version,
     read_tail,
     readable_tail,
     remove_seed_files,
     render_event_stream,
     run_environment,
-    seed_files_unavailable_reason,
 )
 from replays.agents.problems import (
     MISSING,
@@ -151,7 +148,8 @@ MESSAGE_LINES = 12
 LINE_CHARS = 300
 
 
-class OpenCodeAgent(ConfiguredAgent):
+class OpenCodeAgent(ProgramAgent):
+    default_binary: ClassVar[str] = DEFAULT_BINARY
     kind: ClassVar[str] = "opencode"
     can_judge: ClassVar[bool] = True
     keeps_session: ClassVar[bool] = True
@@ -191,15 +189,6 @@ class OpenCodeAgent(ConfiguredAgent):
         if not isinstance(entry.get("discover_models", False), bool):
             raise ValueError("'discover_models' must be true or false")
         check_seed_files(entry, home="the run's HOME")
-
-    @classmethod
-    def unavailable_reason(cls, entry: Mapping[str, Any]) -> str:
-        reason = program_unavailable_reason(entry.get("binary", DEFAULT_BINARY), entry.get("env"))
-        return reason or seed_files_unavailable_reason(entry.get("seed_files", {}), home="HOME")
-
-    @classmethod
-    def version(cls, entry: Mapping[str, Any]) -> str:
-        return program_version(entry.get("binary", DEFAULT_BINARY), entry.get("env"))
 
     @classmethod
     def login(cls, entry: Mapping[str, Any]) -> Login:
@@ -395,9 +384,6 @@ class OpenCodeAgent(ConfiguredAgent):
         return judge_answer_from(
             outcome, exit_code=exit_code, reply=answer_text(outcome.final_message)
         )
-
-    def judge_cleanup(self, task: JudgeTask) -> None:
-        self.cleanup(judge_context(task, self.model))
 
 
 def _home_environment(home: Path) -> dict[str, str]:

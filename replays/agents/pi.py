@@ -58,10 +58,10 @@ from replays.agents.base import (
     VERSION_TIMEOUT_SECONDS,
     AgentOutcome,
     AgentSetupError,
-    ConfiguredAgent,
     Invocation,
     JudgeAnswer,
     JudgeTask,
+    ProgramAgent,
     RunContext,
     absurd_usage,
     answer_text,
@@ -77,14 +77,11 @@ from replays.agents.base import (
     judge_context,
     log_lines,
     plain_text,
-    program_unavailable_reason,
-    program_version,
     read_tail,
     readable_tail,
     remove_seed_files,
     render_event_stream,
     run_environment,
-    seed_files_unavailable_reason,
     write_private,
 )
 from replays.agents.problems import (
@@ -153,7 +150,8 @@ MESSAGE_LINES = 12
 LINE_CHARS = 300
 
 
-class PiAgent(ConfiguredAgent):
+class PiAgent(ProgramAgent):
+    default_binary: ClassVar[str] = DEFAULT_BINARY
     kind: ClassVar[str] = "pi"
     can_judge: ClassVar[bool] = True
     keeps_session: ClassVar[bool] = True
@@ -192,15 +190,6 @@ class PiAgent(ConfiguredAgent):
         seeds = check_seed_files(entry, home="the run's HOME")
         if models_json is not None and MODELS_FILE in seeds:
             raise ValueError(f"give {MODELS_FILE} either in 'seed_files' or as 'models_json'")
-
-    @classmethod
-    def unavailable_reason(cls, entry: Mapping[str, Any]) -> str:
-        reason = program_unavailable_reason(entry.get("binary", DEFAULT_BINARY), entry.get("env"))
-        return reason or seed_files_unavailable_reason(entry.get("seed_files", {}), home="HOME")
-
-    @classmethod
-    def version(cls, entry: Mapping[str, Any]) -> str:
-        return program_version(entry.get("binary", DEFAULT_BINARY), entry.get("env"))
 
     @classmethod
     def login(cls, entry: Mapping[str, Any]) -> Login:
@@ -370,9 +359,6 @@ class PiAgent(ConfiguredAgent):
         return judge_answer_from(
             outcome, exit_code=exit_code, reply=answer_text(outcome.final_message)
         )
-
-    def judge_cleanup(self, task: JudgeTask) -> None:
-        self.cleanup(judge_context(task, self.model))
 
 
 def _home_environment(home: Path) -> dict[str, str]:
