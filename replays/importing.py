@@ -169,6 +169,7 @@ def _sessions_in(folder: Path) -> list[Path]:
     """The sessions of every tool under ``folder`` (see find_transcript_files)."""
     found: list[Path] = []
     in_databases: set[str] = set()
+    storage_folders: set[Path] = set()
     for file in sorted(folder.rglob("*")):
         name = file.name
         if name.endswith(".jsonl"):
@@ -180,14 +181,13 @@ def _sessions_in(folder: Path) -> list[Path]:
             if "chats" in file.parts and not gemini.is_nested_subagent_file(file):
                 if file.is_file():
                     found.append(file)
+            if name.startswith("ses_") and opencode.storage_session(file):
+                storage_folders.add(file.parent)
         elif opencode.is_database(file) and file.is_file():
             sessions = _database_sessions(file)
             in_databases.update(session.name for session in sessions)
             found += sessions
-    storage_folders = sorted(
-        {file.parent for file in folder.rglob("ses_*.json") if opencode.storage_session(file)}
-    )
-    for storage in storage_folders:
+    for storage in sorted(storage_folders):
         for session in opencode.storage_sessions(storage):
             if session.stem not in in_databases:
                 found.append(session)
