@@ -236,6 +236,20 @@ def test_thread_list_shows_threads_with_their_numbers(
     assert "450" in page  # 300 input + 150 output tokens
 
 
+@pytest.mark.parametrize(
+    ("kind", "label"),
+    [("claude_code", "Claude Code"), ("codex", "Codex"), ("gemini", "Gemini CLI"),
+     ("opencode", "OpenCode"), ("pi", "pi")],
+)  # fmt: skip
+def test_every_tool_is_named_by_its_name_on_the_list_and_the_thread(
+    logged_in_client: Any, make_thread: Callable[..., Thread], kind: str, label: str
+) -> None:
+    thread = make_thread(title="Some work", kind=kind)
+    for url in (LIST_URL, thread.get_absolute_url()):
+        page = logged_in_client.get(url).content.decode()
+        assert f'<span class="badge badge-{kind}">{label}</span>' in page
+
+
 def test_empty_list_explains_how_to_import(logged_in_client: Any) -> None:
     page = logged_in_client.get(LIST_URL).content.decode()
     assert "No threads yet" in page
