@@ -663,11 +663,14 @@ def test_requests_cross_agents_with_the_digest_and_one_leaderboard_ranks_them_al
         f"context of {CLAUDE}: digest (a later request; no fork: the thread is a Gemini CLI session"
         in backward.stdout
     )
-    # The digest: request #1 and the agent's answer to it, then the request.
-    sent = next(
-        b for b in gemini.model_requests if "--lines" in gemini_server.conversation_position(b)[0]
+    # The digest: request #1 and the agent's answer to it, then the request. Gemini CLI is
+    # the evaluator too, and the batch's runs go side by side: the judge's prompts (which
+    # quote the request) may reach the server before the Gemini run's first one.
+    prompt = next(
+        text
+        for text, _ in map(gemini_server.conversation_position, gemini.model_requests)
+        if "--lines" in text and CHECKS_KEY not in text and VERDICT_KEY not in text
     )
-    prompt = gemini_server.conversation_position(sent)[0]
     assert prompt.index("## Request #1") < prompt.index("python3 -m textstats")
     claude_sent = next(
         b
