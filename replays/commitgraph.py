@@ -8,11 +8,19 @@ time, parents and subject; the refs), then plain Python. Where git's answer coul
 from this one (commits of one branch made in the same second, so the order between them
 is git's own choice), the caller is told to ask git instead (`None`).
 
+`--before` with `--date-order` is answered as git answers it without a commit-graph file
+(its "limited" walk: the commits dated too late are dropped first, then the rest sorted,
+a child dated too late no longer holding its parent back). With a commit-graph file git
+walks incrementally and drops them after sorting, which orders a skewed clock's commits
+otherwise; the caller asks git with `core.commitGraph=false`, so that git's answer does
+not depend on whether `git gc` has written that file.
+
 Plain Python (ground): no ORM, no replays module but the caller's git runner.
 """
 
 from __future__ import annotations
 
+import bisect
 import heapq
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -34,6 +42,10 @@ class Graph:
     nodes: dict[str, Node]
     refs: dict[str, str]  # full ref name -> commit (only refs that name a commit)
     _orders: dict[tuple[str, ...], list[str]] = field(default_factory=dict)
+    # per tips: the reachable commits, newest first, and their negated times (for bisect)
+    _by_time: dict[tuple[str, ...], tuple[set[str], list[str], list[int]]] = field(
+        default_factory=dict
+    )
     _children: dict[str, list[str]] | None = None
     _descendants: dict[str, frozenset[str]] = field(default_factory=dict)
 
@@ -95,6 +107,65 @@ class Graph:
         self._orders[tips] = order
         return order
 
+    def date_order_before(self, refs: Iterable[str], before: int, limit: int) -> list[str] | None:
+        """The first `limit` commits of `git log --date-order --before=@BEFORE REFS` as git
+        lists them without a commit-graph file: every commit reachable from `refs` dated
+        `before` or earlier, no parent before all its children among these (a child dated
+        later does not count), otherwise newest first. None where two ready commits of one
+        second could come in either order (ask git).
+
+        Only the commits it lists are visited (and their parents and children): the
+        reachable ones are kept newest first per set of tips, and read from the first
+        one dated `before` or earlier while none ready is newer."""
+        tips = tuple(sorted(set(refs)))
+        if tips not in self._by_time:
+            starts = [self.commit_of(ref) for ref in tips]
+            if any(start is None for start in starts):
+                return None
+            reachable = self._reachable(start for start in starts if start is not None)
+            newest = sorted(reachable, key=lambda sha: -self.nodes[sha].seconds)
+            self._by_time[tips] = (reachable, newest, [-self.nodes[sha].seconds for sha in newest])
+        reachable, newest, keys = self._by_time[tips]
+        children = self._children_of()
+
+        def listed(sha: str) -> bool:
+            return sha in reachable and self.nodes[sha].seconds <= before
+
+        waiting: dict[str, int] = {}  # listed commit -> its listed children not yet out
+
+        def unresolved(sha: str) -> int:
+            if sha not in waiting:
+                waiting[sha] = sum(1 for child in children.get(sha, ()) if listed(child))
+            return waiting[sha]
+
+        ready: list[tuple[int, str]] = []
+        queued: set[str] = set()
+        order: list[str] = []
+        position = bisect.bisect_left(keys, -before)
+        while len(order) < limit:
+            # every commit at least as new as the newest ready one, from the newest-first list
+            while position < len(newest) and (
+                not ready or self.nodes[newest[position]].seconds >= -ready[0][0]
+            ):
+                sha = newest[position]
+                position += 1
+                if sha not in queued and not unresolved(sha):
+                    queued.add(sha)
+                    heapq.heappush(ready, (-self.nodes[sha].seconds, sha))
+            if not ready:
+                break
+            seconds, sha = heapq.heappop(ready)
+            if ready and ready[0][0] == seconds:
+                return None  # two ready commits of one second: git's order is its own
+            order.append(sha)
+            for parent in set(self.nodes[sha].parents):
+                if listed(parent):
+                    waiting[parent] = unresolved(parent) - 1
+                    if not waiting[parent] and parent not in queued:
+                        queued.add(parent)
+                        heapq.heappush(ready, (-self.nodes[parent].seconds, parent))
+        return order
+
     def _reachable(self, starts: Iterable[str]) -> set[str]:
         seen: set[str] = set()
         stack = [sha for sha in starts if sha in self.nodes]
@@ -115,17 +186,21 @@ class Graph:
     def descendants(self, sha: str) -> frozenset[str]:
         """Every commit known here that has `sha` among its ancestors (not itself)."""
         if sha not in self._descendants:
-            if self._children is None:
-                self._children = {}
-                for child, node in self.nodes.items():
-                    for parent in node.parents:
-                        self._children.setdefault(parent, []).append(child)
+            children = self._children_of()
             seen: set[str] = set()
-            stack = list(self._children.get(sha, []))
+            stack = list(children.get(sha, []))
             while stack:
                 child = stack.pop()
                 if child not in seen:
                     seen.add(child)
-                    stack.extend(self._children.get(child, []))
+                    stack.extend(children.get(child, []))
             self._descendants[sha] = frozenset(seen)
         return self._descendants[sha]
+
+    def _children_of(self) -> dict[str, list[str]]:
+        if self._children is None:
+            self._children = {}
+            for child, node in self.nodes.items():
+                for parent in node.parents:
+                    self._children.setdefault(parent, []).append(child)
+        return self._children

@@ -456,8 +456,10 @@ def is_ancestor(repo: Path, ancestor: str, descendant: str) -> bool:
 _LOG_FORMAT = "--format=%H%x1f%ct%x1f%s"
 
 
-def _log(repo: Path, args: list[str]) -> list[Commit]:
-    result = _run_git(repo, ["-c", "core.quotepath=off", "log", "-z", _LOG_FORMAT, *args])
+def _log(repo: Path, args: list[str], *, config: list[str] | None = None) -> list[Commit]:
+    result = _run_git(
+        repo, ["-c", "core.quotepath=off", *(config or []), "log", "-z", _LOG_FORMAT, *args]
+    )
     commits = []
     for record in result.stdout.split(b"\0"):
         if not record.strip():
@@ -503,10 +505,14 @@ def _commits_around(repo: Path, ref: str, moment: datetime) -> tuple[Commit | No
     """
     instant = _aware(moment).timestamp()
     bound = math.ceil(instant) - 1  # every commit with s < moment has s <= bound
-    commits = _graph_log(repo, [ref], before=bound, limit=4 * MAX_CHOICES)
+    commits = _graph_log_before(repo, ref, bound, 4 * MAX_CHOICES)
     if commits is None:
+        # Without a commit-graph file's walk, whose order of a skewed clock's commits
+        # depends on whether `git gc` wrote one (see commitgraph).
         commits = _log(
-            repo, ["--date-order", f"--before=@{bound}", "-n", str(4 * MAX_CHOICES), ref, "--"]
+            repo,
+            ["--date-order", f"--before=@{bound}", "-n", str(4 * MAX_CHOICES), ref, "--"],
+            config=["-c", "core.commitGraph=false"],
         )
     window: list[Commit] = []
     for commit in commits:
@@ -591,38 +597,29 @@ def _descendants(repo: Path, base: str, refs: list[str]) -> list[Commit]:
     return commits[-MAX_CHOICES:]
 
 
-def _graph_log(
-    repo: Path,
-    refs: list[str],
-    *,
-    before: int | None = None,
-    limit: int | None = None,
-    descending_from: str | None = None,
-) -> list[Commit] | None:
-    """What `git log --date-order [--before=@BEFORE] [-n LIMIT] [--ancestry-path ^BASE]
-    REFS` lists, from the commits in memory; None outside memoized_reads() or where git
-    must decide (see commitgraph)."""
+def _graph_log_before(repo: Path, ref: str, before: int, limit: int) -> list[Commit] | None:
+    """What `git -c core.commitGraph=false log --date-order --before=@BEFORE -n LIMIT REF`
+    lists, from the commits in memory; None outside memoized_reads() or where git must
+    decide (see commitgraph)."""
+    graph = _graph(repo)
+    if graph is None:
+        return None
+    order = graph.date_order_before([ref], before, limit)
+    return None if order is None else [_commit(sha, graph.nodes[sha]) for sha in order]
+
+
+def _graph_log(repo: Path, refs: list[str], *, descending_from: str) -> list[Commit] | None:
+    """What `git log --date-order --ancestry-path ^BASE REFS` lists, from the commits in
+    memory; None outside memoized_reads() or where git must decide (see commitgraph)."""
     graph = _graph(repo)
     if graph is None:
         return None
     order = graph.date_order(refs)
-    if order is None:
+    base = graph.commit_of(descending_from)
+    if order is None or base is None:
         return None
-    if descending_from is not None:
-        base = graph.commit_of(descending_from)
-        if base is None:
-            return None
-        below = graph.descendants(base)
-        order = [sha for sha in order if sha in below]
-    found = []
-    for sha in order:
-        node = graph.nodes[sha]
-        if before is not None and node.seconds > before:
-            continue
-        found.append(_commit(sha, node))
-        if limit is not None and len(found) >= limit:
-            break
-    return found
+    below = graph.descendants(base)
+    return [_commit(sha, graph.nodes[sha]) for sha in order if sha in below]
 
 
 # --- branches ----------------------------------------------------------------

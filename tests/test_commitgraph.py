@@ -10,7 +10,7 @@ import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from replays import repos
@@ -78,11 +78,28 @@ def asked(repo: Path, commits: list[str], chooser: random.Random) -> list[object
 @settings(
     max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
-@given(seed=st.integers(0, 10**6), size=st.integers(1, 40), ties=st.booleans())
-def test_the_memory_answers_what_git_answers(seed: int, size: int, ties: bool) -> None:
+@given(
+    seed=st.integers(0, 10**6),
+    size=st.integers(1, 40),
+    ties=st.booleans(),
+    graph_file=st.booleans(),
+)
+# Found in CI: a tip dated before its parent, the parent after the moment asked of, and a
+# newer commit on a merged branch: git without a commit-graph file lists that one first.
+@example(seed=2183, size=14, ties=False, graph_file=False)
+@example(seed=2183, size=14, ties=False, graph_file=True)
+def test_the_memory_answers_what_git_answers(
+    seed: int, size: int, ties: bool, graph_file: bool
+) -> None:
+    """`graph_file`: the repository has a commit-graph file (as one has after `git gc`),
+    with which git's own walk orders a skewed clock's commits otherwise."""
     with tempfile.TemporaryDirectory() as folder:
         repo = Path(folder) / "repo"
         commits = random_history(repo, seed, size, ties=ties)
+        if graph_file:
+            subprocess.run(
+                ["git", "-C", str(repo), "commit-graph", "write", "--reachable"], check=True
+            )
         from_git = asked(repo, commits, random.Random(seed))
         logs: list[list[str]] = []
         real = repos._run_git_now
