@@ -42,10 +42,8 @@ class Graph:
     nodes: dict[str, Node]
     refs: dict[str, str]  # full ref name -> commit (only refs that name a commit)
     _orders: dict[tuple[str, ...], list[str]] = field(default_factory=dict)
-    # per tips: the reachable commits, newest first, and their negated times (for bisect)
-    _by_time: dict[tuple[str, ...], tuple[set[str], list[str], list[int]]] = field(
-        default_factory=dict
-    )
+    # per tips: the reachable commits, and the same newest first
+    _by_time: dict[tuple[str, ...], tuple[set[str], list[str]]] = field(default_factory=dict)
     _children: dict[str, list[str]] | None = None
     _descendants: dict[str, frozenset[str]] = field(default_factory=dict)
 
@@ -82,16 +80,15 @@ class Graph:
         tips = tuple(sorted(set(refs)))
         if tips in self._orders:
             return self._orders[tips]
-        starts = [self.commit_of(ref) for ref in tips]
-        if any(start is None for start in starts):
+        reachable = self._reachable_from(tips)
+        if reachable is None:
             return None
-        reachable = self._reachable(start for start in starts if start is not None)
         waiting = dict.fromkeys(reachable, 0)
         for sha in reachable:
             for parent in self.nodes[sha].parents:
                 if parent in waiting:
                     waiting[parent] += 1
-        ready = [(-self.nodes[sha].seconds, sha) for sha, count in waiting.items() if not count]
+        ready = [(self._age(sha), sha) for sha, count in waiting.items() if not count]
         heapq.heapify(ready)
         order: list[str] = []
         while ready:
@@ -103,7 +100,7 @@ class Graph:
                 if parent in waiting:
                     waiting[parent] -= 1
                     if not waiting[parent]:
-                        heapq.heappush(ready, (-self.nodes[parent].seconds, parent))
+                        heapq.heappush(ready, (self._age(parent), parent))
         self._orders[tips] = order
         return order
 
@@ -119,13 +116,12 @@ class Graph:
         one dated `before` or earlier while none ready is newer."""
         tips = tuple(sorted(set(refs)))
         if tips not in self._by_time:
-            starts = [self.commit_of(ref) for ref in tips]
-            if any(start is None for start in starts):
+            reachable = self._reachable_from(tips)
+            if reachable is None:
                 return None
-            reachable = self._reachable(start for start in starts if start is not None)
-            newest = sorted(reachable, key=lambda sha: -self.nodes[sha].seconds)
-            self._by_time[tips] = (reachable, newest, [-self.nodes[sha].seconds for sha in newest])
-        reachable, newest, keys = self._by_time[tips]
+            newest = sorted(reachable, key=self._age)
+            self._by_time[tips] = (reachable, newest)
+        reachable, newest = self._by_time[tips]
         children = self._children_of()
 
         def listed(sha: str) -> bool:
@@ -141,7 +137,7 @@ class Graph:
         ready: list[tuple[int, str]] = []
         queued: set[str] = set()
         order: list[str] = []
-        position = bisect.bisect_left(keys, -before)
+        position = bisect.bisect_left(newest, -before, key=self._age)
         while len(order) < limit:
             # every commit at least as new as the newest ready one, from the newest-first list
             while position < len(newest) and (
@@ -151,7 +147,7 @@ class Graph:
                 position += 1
                 if sha not in queued and not unresolved(sha):
                     queued.add(sha)
-                    heapq.heappush(ready, (-self.nodes[sha].seconds, sha))
+                    heapq.heappush(ready, (self._age(sha), sha))
             if not ready:
                 break
             seconds, sha = heapq.heappop(ready)
@@ -163,12 +159,20 @@ class Graph:
                     waiting[parent] = unresolved(parent) - 1
                     if not waiting[parent] and parent not in queued:
                         queued.add(parent)
-                        heapq.heappush(ready, (-self.nodes[parent].seconds, parent))
+                        heapq.heappush(ready, (self._age(parent), parent))
         return order
 
-    def _reachable(self, starts: Iterable[str]) -> set[str]:
+    def _age(self, sha: str) -> int:
+        """A sort key: newer commits first."""
+        return -self.nodes[sha].seconds
+
+    def _reachable_from(self, tips: Iterable[str]) -> set[str] | None:
+        """Every commit reachable from the refs or commits `tips`; None if one is unknown."""
+        starts = [self.commit_of(ref) for ref in tips]
+        if any(start is None for start in starts):
+            return None
         seen: set[str] = set()
-        stack = [sha for sha in starts if sha in self.nodes]
+        stack = [sha for sha in starts if sha is not None and sha in self.nodes]
         while stack:
             sha = stack.pop()
             if sha in seen:
