@@ -351,8 +351,8 @@ def test_the_tests_evaluator_without_a_reference_fails_the_review_not_the_run(
 def test_the_review_is_derived_once_for_many_runs_of_many_plans_at_once(
     lab: Eval, monkeypatch: pytest.MonkeyPatch, settings: Any
 ) -> None:
-    # No claim is lost here: a stale limit the lab's 3 s would let a heartbeat delayed by a
-    # loaded machine (CI's two passes and the fault suite) look like a lost claimer.
+    # No claim is lost here: with the lab's 3 s stale limit, a heartbeat delayed by a loaded
+    # machine (CI's two passes and the fault suite) would look like a lost claimer's.
     monkeypatch.setenv("REPLAYS_HEARTBEAT_STALE_SECONDS", "30")
     settings.REPLAYS_HEARTBEAT_STALE_SECONDS = 30.0
     lab.env["VERIFY_SLEEP"] = "1"
