@@ -102,6 +102,33 @@ print(json.dumps({"batch": result.batch.pk}), flush=True)
 MARKS = "marks"
 
 
+def below_sentinel(cluster_pid: int) -> list[psutil.Process]:
+    """The cluster's processes below its sentinel (workers, pusher, monitor), in the
+    cluster's own session: not a coordinator, which has a session of its own.
+
+    Processes come and go while this looks (a killed worker is reaped, its replacement
+    forked): one that is gone by the time it is asked about is not listed."""
+    try:
+        main = psutil.Process(cluster_pid)
+        session = os.getsid(cluster_pid)
+        sentinels = main.children()
+    except (psutil.NoSuchProcess, ProcessLookupError):
+        return []
+    found = []
+    for sentinel in sentinels:
+        try:
+            children = sentinel.children()
+        except psutil.NoSuchProcess:
+            continue
+        for child in children:
+            try:
+                if os.getsid(child.pid) == session:
+                    found.append(child)
+            except ProcessLookupError:
+                continue
+    return found
+
+
 class InvariantBroken(AssertionError):
     pass
 
@@ -190,19 +217,8 @@ class FaultLab:
             self.kill_cluster()
 
     def cluster_workers(self) -> list[psutil.Process]:
-        """The cluster's processes below its sentinel (workers, pusher, monitor), in the
-        cluster's own session: not a coordinator, which has a session of its own."""
         assert self.cluster is not None
-        try:
-            main = psutil.Process(self.cluster.pid)
-            found = []
-            for sentinel in main.children():
-                for child in sentinel.children():
-                    if os.getsid(child.pid) == os.getsid(main.pid):
-                        found.append(child)
-            return found
-        except (psutil.NoSuchProcess, ProcessLookupError):
-            return []
+        return below_sentinel(self.cluster.pid)
 
     def kill(self, pid: int) -> None:
         try:

@@ -16,7 +16,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 from django.contrib.auth.models import User
 from django.utils import timezone
@@ -24,20 +23,10 @@ from django_q.models import OrmQ
 
 from replays import supervision, wakeups
 from replays.models import Host, Run, RunStatus
+from tests.faults import below_sentinel
 from tests.test_cluster import stop_cluster
 from tests.test_dispatch import MANAGE, Lab, finished, queued_runs, wait_until
 from tests.test_dispatch import lab as lab  # noqa: F401 (the fixture)
-
-
-def below_sentinel(cluster_pid: int) -> list[psutil.Process]:
-    """The cluster's workers, pusher and monitor (its session; coordinators have their own)."""
-    main = psutil.Process(cluster_pid)
-    return [
-        child
-        for sentinel in main.children()
-        for child in sentinel.children()
-        if os.getsid(child.pid) == os.getsid(main.pid)
-    ]
 
 
 def start_logged_cluster(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
