@@ -552,7 +552,7 @@ def test_cancel_while_the_runs_tree_is_tested_stops_the_tests_and_keeps_the_resu
     wait_until(lambda: Run.objects.get(pk=run.pk).is_finished, seconds=15, what="the cancel")
     run.refresh_from_db()
     assert run.status == RunStatus.CANCELLED and "diff --git" in run.diff
-    assert not psutil.pid_exists(verify_pid) or psutil.Process(verify_pid).status() == "zombie"
+    assert gone(verify_pid)
     assert not sleepers_of(lab)
 
 
