@@ -154,7 +154,8 @@ class Graph:
             if ready and ready[0][0] == seconds:
                 return None  # two ready commits of one second: git's order is its own
             order.append(sha)
-            for parent in set(self.nodes[sha].parents):
+            # Once per time it is named, as `unresolved` counts a child once per time.
+            for parent in self.nodes[sha].parents:
                 if listed(parent):
                     waiting[parent] = unresolved(parent) - 1
                     if not waiting[parent] and parent not in queued:

@@ -4,6 +4,7 @@ prepare asks is put to git and to the memory, and the answers must be the same."
 
 from __future__ import annotations
 
+import os
 import random
 import subprocess
 import tempfile
@@ -148,3 +149,37 @@ def test_the_scan_of_many_requests_runs_few_git_processes(tmp_path: Path, monkey
             repos.is_ancestor(tmp_path / "repo", commits[0], commits[number])
             repos.files_at(tmp_path / "repo", commits[number], ["f0.txt"])
     assert len(started) <= 4, started
+
+
+def test_a_commit_that_names_its_parent_twice_is_answered_as_git_answers(tmp_path: Path) -> None:
+    """git takes a commit object listing one parent twice (old tools wrote such merges) and
+    lists the parent once; the memory must not wait for that parent's second child."""
+    repo = tmp_path / "repo"
+    git = ["git", "-C", str(repo)]
+    subprocess.run(["git", "init", "-q", "-b", "main", str(repo)], check=True)
+    subprocess.run(
+        [*git, "-c", "user.name=a", "-c", "user.email=a@a", "commit", "-q", "--allow-empty",
+         "-m", "first"],
+        env={**os.environ, "GIT_COMMITTER_DATE": f"@{BASE} +0000"}, check=True,
+    )  # fmt: skip
+
+    def read(*args: str) -> str:
+        return subprocess.run([*git, *args], capture_output=True, text=True, check=True).stdout
+
+    first, tree = read("rev-parse", "HEAD").strip(), read("rev-parse", "HEAD^{tree}").strip()
+    person = f"a <a@a> {BASE + 100} +0000"
+    raw = f"tree {tree}\nparent {first}\nparent {first}\nauthor {person}\ncommitter {person}\n\nm\n"
+    merge = subprocess.run(
+        [*git, "hash-object", "-t", "commit", "-w", "--stdin"],
+        input=raw, capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    subprocess.run([*git, "update-ref", "refs/heads/main", merge], check=True)
+    # Later than both; in the merge's second (the first is the one surely before it).
+    moments = [datetime.fromtimestamp(BASE + offset, tz=UTC) for offset in (200.5, 100.5)]
+
+    from_git = [repos._commits_around(repo, "refs/heads/main", moment) for moment in moments]
+    with repos.memoized_reads():
+        from_memory = [repos._commits_around(repo, "refs/heads/main", m) for m in moments]
+    assert from_memory == from_git
+    assert from_git[1][0] is not None and from_git[1][0].sha == first
+    assert [commit.sha for commit in repos._log(repo, ["main"])] == [merge, first]
