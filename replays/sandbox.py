@@ -181,6 +181,9 @@ def prepare(policy: Policy, argv: Sequence[str], env: Mapping[str, str], *, bwra
 def bwrap_arguments(policy: Policy) -> list[str]:
     """bwrap's options for `policy` (without the program)."""
     args = [
+        # Killed with the process that started it (a coordinator SIGKILLed before it
+        # wrote the agent's pid anywhere would leave it running, and spending, for ever).
+        "--die-with-parent",
         "--unshare-pid",
         "--unshare-ipc",
         "--unshare-uts",

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 from django.conf import settings as django_settings
 from django.contrib.auth.models import User
@@ -35,6 +36,7 @@ from replays.runspec import RunSpec
 from tests.conftest import NODE_BIN, require_tool
 from tests.fakes.openai_server import OpenAIServer
 from tests.fakes.scripting import Text, shell
+from tests.test_dispatch import gone
 
 MANAGE = Path(__file__).resolve().parent.parent / "manage.py"
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -268,6 +270,61 @@ def test_its_own_pid_namespace_and_a_read_only_system(tmp_path: Path) -> None:
     assert int(count) <= 4  # bwrap's init, sh, ls, grep: nothing else on the machine
     assert "Read-only file system" in "\n".join(rest)
     assert rest[-1] == "wrote" and (tmp_path / "work" / "ok").exists()
+
+
+# Stands in for a coordinator: starts argv as the coordinator starts an agent, says the
+# process's pid, then waits to be killed (before it could record that pid anywhere).
+STARTER = """
+import json, sys
+from pathlib import Path
+from replays import processes
+argv, env, fds, work = json.loads(sys.argv[1])
+_, identity = processes.spawn(argv, cwd=Path(work), env=env,
+                              log_path=Path(work) / "agent.log", pass_fds=fds)
+print(identity.pid, flush=True)
+sys.stdin.read()
+"""
+
+
+def test_an_agent_whose_coordinator_is_killed_before_it_recorded_the_pid_does_not_outlive_it(
+    tmp_path: Path,
+) -> None:
+    """The fault suite's orphan: a coordinator SIGKILLed between starting the agent and
+    writing its pid to the run row leaves a reconcile nothing to kill; the agent would
+    run (and spend) for ever. The sandbox ends with the process that started it."""
+    work = tmp_path / "work"
+    work.mkdir()
+    marker = work / "started"
+    program = ["sh", "-c", f"touch {marker}; exec sleep 300"]
+    prepared = runfolder.start_sandboxed(
+        program, dict(os.environ), cwd=work, writable=[work], home=tmp_path / "home"
+    )
+    starter = subprocess.Popen(
+        [sys.executable, "-c", STARTER, json.dumps([prepared.argv, prepared.env, prepared.pass_fds, str(work)])],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=BASE_DIR,
+        pass_fds=prepared.pass_fds,
+    )  # fmt: skip
+    prepared.started()  # the read end of bwrap's status pipe stays here, as in a coordinator
+    assert starter.stdout is not None
+    agent = int(starter.stdout.readline())
+    try:
+        deadline = time.monotonic() + 20
+        while not marker.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert marker.exists(), (work / "agent.log").read_text()
+        tree = {agent, *(child.pid for child in psutil.Process(agent).children(recursive=True))}
+        assert len(tree) >= 3  # bwrap, its init in the namespace, the program
+        starter.kill()
+        starter.wait()
+
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not all(map(gone, tree)):
+            time.sleep(0.05)
+        assert all(map(gone, tree)), "the sandboxed agent outlived the process that started it"
+    finally:
+        starter.kill()
+        processes.kill_tree(agent, None, grace_seconds=1)
+        prepared.close()
 
 
 def test_a_program_that_cannot_start_in_the_sandbox_fails_the_run_and_says_why(
