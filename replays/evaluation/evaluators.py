@@ -215,8 +215,9 @@ def ask(
         except OSError as exc:
             adapter.judge_cleanup(task)
             return JudgeAnswer(error=f"The evaluator {info.id} could not start: {exc}"), 0.0
-        # Its own process group outlives us if we are killed: reconcile (a lost judgment)
-        # or the next claimer (a review taken over) stops it from this record.
+        # Its own process group: in the sandbox it dies with us, unsandboxed it outlives
+        # us if we are killed, and reconcile (a lost judgment) or the next claimer (a
+        # review taken over) stops it from this record.
         processes.record_started(folder / runfolder.EVALUATOR_PIDS, identity)
         timeout = float(settings.REPLAYS_EVALUATOR_TIMEOUT_SECONDS)
         try:
